@@ -1,0 +1,140 @@
+#pragma once
+// ProcessGroup: collectives over a group of ranks, in the style of PyTorch
+// c10d. Each collective takes a small options struct and returns a Work that
+// is complete after wait(); a failure inside the collective is rethrown by
+// wait(). Buffers must stay alive and untouched until then.
+//
+// Dtypes: F32, BF16, I32. BF16 SUM/AVG are summed in F32 and rounded to BF16
+// once, so the result does not depend on the number of ranks or the order in
+// which a backend combines them. All tensors of one call share a device.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace st {
+
+enum class ReduceOp : uint8_t { Sum, Avg, Max };
+std::ostream& operator<<(std::ostream& os, ReduceOp op);
+
+struct AllGatherOptions {};
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::Sum;  // Sum or Avg
+};
+struct AllReduceOptions {
+  ReduceOp op = ReduceOp::Sum;  // Sum, Avg or Max
+};
+struct BroadcastOptions {
+  int root = 0;  // rank (within this group) whose data is sent
+};
+struct AllToAllOptions {};
+struct BarrierOptions {};
+
+/// Completion handle of a collective. Move-only. wait() blocks until the
+/// collective is done and rethrows its failure; the destructor waits too but
+/// never throws (a failure there is logged to stderr).
+class Work {
+ public:
+  /// The backend's side of a Work.
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    /// Blocks until done; throws on failure. Called at most once.
+    virtual void wait() = 0;
+    /// Non-blocking completion test.
+    virtual bool test() = 0;
+  };
+
+  /// An already-completed Work.
+  Work() = default;
+  explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Work(Work&&) noexcept = default;
+  Work& operator=(Work&& other) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  ~Work();
+
+  /// Blocks until the collective finished; rethrows its error. Idempotent.
+  void wait();
+  /// True when wait() would not block.
+  bool is_completed();
+
+ private:
+  void wait_noexcept() noexcept;
+  std::unique_ptr<Impl> impl_;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  /// This process's rank in the group, 0..size()-1.
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// "mpi", "local", later "nccl".
+  virtual std::string backend_name() const = 0;
+
+  /// out[r*n .. (r+1)*n) = rank r's `in` (n = in.numel(); out.numel() = size()*n).
+  virtual Work all_gather(const Tensor& out, const Tensor& in, const AllGatherOptions& opts = {}) = 0;
+  /// out = op over ranks of in[rank*n .. (rank+1)*n) (n = out.numel(); in.numel() = size()*n).
+  /// op is Sum or Avg.
+  virtual Work reduce_scatter(const Tensor& out, const Tensor& in, const ReduceScatterOptions& opts = {}) = 0;
+  /// In place: t = op over ranks of t (Sum, Avg or Max).
+  virtual Work all_reduce(const Tensor& t, const AllReduceOptions& opts = {}) = 0;
+  /// In place: t = root's t.
+  virtual Work broadcast(const Tensor& t, const BroadcastOptions& opts = {}) = 0;
+  /// Personalised exchange. `in` holds the pieces for ranks 0..size()-1 back
+  /// to back, send_counts[r] elements each; `out` receives rank r's piece for
+  /// this rank at offset sum(recv_counts[0..r)). Counts are elements and may
+  /// be zero; sizes of in/out must equal the sums of the counts.
+  virtual Work all_to_allv(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in,
+                           std::span<const int64_t> send_counts, const AllToAllOptions& opts = {}) = 0;
+  virtual Work barrier(const BarrierOptions& opts = {}) = 0;
+  /// A sub-group of the ranks that pass the same `color`, ordered by `key`
+  /// (ties by rank). Collective over this group. A negative color takes no
+  /// part and gets nullptr.
+  virtual std::unique_ptr<ProcessGroup> split(int color, int key) = 0;
+};
+
+/// Where this process sits, read from the launcher's environment
+/// (Open MPI's OMPI_COMM_WORLD_*, else PMI_*/PMIX_*, else SLURM_*, else 1 process).
+struct WorldInfo {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;  // rank among the processes on this host: picks the GPU
+  int local_size = 1;
+  bool launched = false;  // true when a launcher (mpirun, srun) started us
+};
+WorldInfo detect_world();
+
+enum class CommBackend : uint8_t { Auto, Local, Mpi };
+
+/// Owns the communication runtime (MPI_Init_thread / MPI_Finalize when MPI is
+/// used) for the life of the process. Create one in main() and pass world().
+class CommRuntime {
+ public:
+  /// Auto: MPI when launched by a launcher or when size > 1, else Local.
+  explicit CommRuntime(CommBackend backend = CommBackend::Auto);
+  ~CommRuntime();
+  CommRuntime(const CommRuntime&) = delete;
+  CommRuntime& operator=(const CommRuntime&) = delete;
+
+  ProcessGroup& world() { return *world_; }
+  const WorldInfo& info() const { return info_; }
+
+ private:
+  WorldInfo info_;
+  bool mpi_initialized_ = false;
+  std::unique_ptr<ProcessGroup> world_;
+};
+
+/// A world-size-1 group: every collective is a copy (or nothing) and completes at once.
+std::unique_ptr<ProcessGroup> make_local_group();
+/// The MPI_COMM_WORLD group; MPI must be initialised (CommRuntime does it).
+std::unique_ptr<ProcessGroup> make_mpi_world_group();
+
+}  // namespace st
