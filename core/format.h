@@ -1,7 +1,10 @@
 #pragma once
-// Minimal "{}" formatting (libstdc++ 12 has no std::format). Each "{}" is
-// replaced by the next argument written with operator<<; "{{" and "}}" are
-// literal braces. Extra arguments are appended, missing ones leave "{}".
+// Minimal std::format stand-in (libstdc++ 12 has no <format>). Each "{}" is
+// replaced by the next argument written with operator<<. A spec after ':'
+// may give alignment '<' or '>', a width and ".N" precision with 'f' or 'e'
+// ("{:<20}", "{:>8.3f}", "{:.2e}"). "{{" and "}}" are literal braces.
+// Arguments left over are appended; placeholders left over stay as "{}".
+#include <iomanip>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -9,6 +12,42 @@
 
 namespace st {
 namespace detail {
+
+struct FormatSpec {
+  char align = 0;      // '<', '>' or 0 (stream default: right)
+  int width = 0;
+  int precision = -1;  // -1: stream default
+  char type = 0;       // 'f', 'e' or 0
+};
+
+inline FormatSpec parse_format_spec(std::string_view s) {
+  FormatSpec spec;
+  size_t i = 0;
+  if (i < s.size() && (s[i] == '<' || s[i] == '>')) spec.align = s[i++];
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') spec.width = spec.width * 10 + (s[i++] - '0');
+  if (i < s.size() && s[i] == '.') {
+    spec.precision = 0;
+    ++i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') spec.precision = spec.precision * 10 + (s[i++] - '0');
+  }
+  if (i < s.size() && (s[i] == 'f' || s[i] == 'e')) spec.type = s[i];
+  return spec;
+}
+
+template <class T>
+void write_formatted(std::ostringstream& os, const FormatSpec& spec, T&& value) {
+  std::ostringstream item;
+  if (spec.type == 'f') item << std::fixed;
+  if (spec.type == 'e') item << std::scientific;
+  if (spec.precision >= 0) item << std::setprecision(spec.precision);
+  item << std::forward<T>(value);
+  std::string text = item.str();
+  if (static_cast<int>(text.size()) < spec.width) {
+    std::string pad(static_cast<size_t>(spec.width) - text.size(), ' ');
+    text = spec.align == '<' ? text + pad : pad + text;
+  }
+  os << text;
+}
 
 inline void format_rest(std::ostringstream& os, std::string_view fmt) {
   for (size_t i = 0; i < fmt.size(); ++i) {
@@ -22,9 +61,12 @@ void format_rest(std::ostringstream& os, std::string_view fmt, T&& value, Rest&&
   for (size_t i = 0; i < fmt.size(); ++i) {
     if ((fmt[i] == '{' || fmt[i] == '}') && i + 1 < fmt.size() && fmt[i + 1] == fmt[i]) {
       os << fmt[i++];
-    } else if (fmt[i] == '{' && i + 1 < fmt.size() && fmt[i + 1] == '}') {
-      os << std::forward<T>(value);
-      format_rest(os, fmt.substr(i + 2), std::forward<Rest>(rest)...);
+    } else if (fmt[i] == '{' && i + 1 < fmt.size() && (fmt[i + 1] == '}' || fmt[i + 1] == ':')) {
+      size_t close = fmt.find('}', i + 1);
+      if (close == std::string_view::npos) break;
+      FormatSpec spec = fmt[i + 1] == ':' ? parse_format_spec(fmt.substr(i + 2, close - i - 2)) : FormatSpec{};
+      write_formatted(os, spec, std::forward<T>(value));
+      format_rest(os, fmt.substr(close + 1), std::forward<Rest>(rest)...);
       return;
     } else {
       os << fmt[i];
@@ -36,7 +78,7 @@ void format_rest(std::ostringstream& os, std::string_view fmt, T&& value, Rest&&
 
 }  // namespace detail
 
-/// Formats `fmt`, replacing each "{}" with the next argument.
+/// Formats `fmt`, replacing each "{}" (or "{:spec}") with the next argument.
 template <class... Args>
 std::string format(std::string_view fmt, Args&&... args) {
   std::ostringstream os;

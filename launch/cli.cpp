@@ -1,0 +1,80 @@
+#include "launch/cli.h"
+
+#include <sstream>
+
+#include "core/config.h"
+#include "core/error.h"
+
+namespace st::launch {
+
+namespace {
+bool is_positive_integer(const std::string& s) {
+  if (s.empty() || s.size() > 18) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return std::stoll(s) > 0;
+}
+}  // namespace
+
+TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
+  TrainerArgs args;
+  // Accepts "--flag value" and "--flag=value" alike.
+  for (size_t i = 0; i < argv.size(); ++i) {
+    std::string flag = argv[i];
+    std::string value;
+    bool inline_value = false;
+    if (auto eq = flag.find('='); flag.starts_with("--") && eq != std::string::npos && !flag.starts_with("--set=")) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      inline_value = true;
+    } else if (flag.starts_with("--set=")) {
+      value = flag.substr(6);
+      flag = "--set";
+      inline_value = true;
+    }
+    auto take_value = [&]() -> std::string {
+      if (inline_value) return value;
+      ST_CHECK(i + 1 < argv.size(), "{} needs a value (see --help)", flag);
+      return argv[++i];
+    };
+    if (flag == "--help" || flag == "-h") {
+      args.help = true;
+    } else if (flag == "--config") {
+      args.config_path = take_value();
+    } else if (flag == "--set") {
+      std::string assignment = take_value();
+      ST_CHECK(assignment.find('=') != std::string::npos, "--set {}: expected key=value, e.g. --set train.steps=20",
+               assignment);
+      args.overrides.push_back(assignment);
+    } else if (flag == "--steps") {
+      std::string n = take_value();
+      ST_CHECK(is_positive_integer(n), "--steps {}: expected a positive integer", n);
+      args.overrides.push_back("train.steps=" + n);
+    } else if (flag == "--print-config") {
+      args.print_config = true;
+    } else if (flag == "--log-level") {
+      args.log_level = take_value();
+    } else {
+      ST_FAIL("unknown argument '{}' (see --help)", argv[i]);
+    }
+  }
+  ST_CHECK(args.help || !args.config_path.empty(), "missing --config FILE (for example --config configs/toy.yaml)");
+  return args;
+}
+
+std::string trainer_usage() {
+  std::ostringstream os;
+  os << "usage: trainer --config FILE [--set key=value]... [--steps N] [--print-config] [--log-level L]\n\n"
+        "  --config FILE      YAML configuration (see configs/)\n"
+        "  --set key=value    override one configuration key; repeatable; e.g. --set fsdp.sharding_strategy=NO_SHARD\n"
+        "  --steps N          same as --set train.steps=N\n"
+        "  --print-config     print the resolved configuration as YAML and exit\n"
+        "  --log-level L      debug | info | warn | error (overrides logging.level)\n\n"
+        "configuration keys:\n";
+  for (const ConfigKeyDoc& k : config_keys()) {
+    os << "  " << k.key << " (" << k.type << ", default " << k.default_value << ")\n      " << k.doc << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace st::launch

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs the Debian packages shardtrain needs (when missing), then
+# configures and builds into build/. Safe to run again: it only does what is
+# left to do. Extra arguments go to CMake's configure step.
+#
+#   scripts/setup.sh                      # Release build with tests
+#   scripts/setup.sh -DST_SANITIZE=address
+#
+# Environment: ST_BUILD_DIR (default build), ST_JOBS (default: all cores).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="${ST_BUILD_DIR:-$root/build}"
+jobs="${ST_JOBS:-$(nproc)}"
+
+# Package list: one line per need, so later issues add a line.
+packages=(
+  cmake ninja-build g++ pkg-config
+  openmpi-bin libopenmpi-dev   # MPI process group, mpirun
+  libeigen3-dev                # CPU GEMM
+  libyaml-cpp-dev              # configuration files
+  nlohmann-json3-dev           # JSON: checkpoint indexes, metrics
+  libgtest-dev                 # tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+    sudo_cmd=(sudo)
+  fi
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S "$root" -B "$build_dir" -G Ninja -DST_WERROR=ON "$@"
+cmake --build "$build_dir" -j "$jobs"

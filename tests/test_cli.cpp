@@ -1,0 +1,56 @@
+// The trainer's command-line parser.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "launch/cli.h"
+
+namespace st::launch {
+namespace {
+
+std::string error_of(const std::vector<std::string>& argv) {
+  try {
+    parse_trainer_args(argv);
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+TEST(TrainerArgs, ParsesConfigOverridesAndSteps) {
+  TrainerArgs a = parse_trainer_args(
+      {"--config", "configs/toy.yaml", "--set", "fsdp.sharding_strategy=NO_SHARD", "--steps", "20", "--set=optim.lr=0.5"});
+  EXPECT_EQ(a.config_path, "configs/toy.yaml");
+  ASSERT_EQ(a.overrides.size(), 3u);
+  EXPECT_EQ(a.overrides[0], "fsdp.sharding_strategy=NO_SHARD");
+  // --steps is sugar for an override, so it goes through the same validation.
+  EXPECT_EQ(a.overrides[1], "train.steps=20");
+  EXPECT_EQ(a.overrides[2], "optim.lr=0.5");
+  EXPECT_FALSE(a.print_config);
+}
+
+TEST(TrainerArgs, InlineValues) {
+  TrainerArgs a = parse_trainer_args({"--config=x.yaml", "--print-config", "--log-level=debug"});
+  EXPECT_EQ(a.config_path, "x.yaml");
+  EXPECT_TRUE(a.print_config);
+  EXPECT_EQ(a.log_level, "debug");
+}
+
+TEST(TrainerArgs, Errors) {
+  EXPECT_EQ(error_of({}), "missing --config FILE (for example --config configs/toy.yaml)");
+  EXPECT_EQ(error_of({"--config", "a.yaml", "--bogus"}), "unknown argument '--bogus' (see --help)");
+  EXPECT_EQ(error_of({"--config"}), "--config needs a value (see --help)");
+  EXPECT_EQ(error_of({"--config", "a.yaml", "--steps", "0"}), "--steps 0: expected a positive integer");
+  EXPECT_EQ(error_of({"--config", "a.yaml", "--steps", "ten"}), "--steps ten: expected a positive integer");
+  EXPECT_EQ(error_of({"--config", "a.yaml", "--set", "train.steps"}),
+            "--set train.steps: expected key=value, e.g. --set train.steps=20");
+}
+
+TEST(TrainerArgs, HelpNeedsNoConfigAndListsKeys) {
+  EXPECT_TRUE(parse_trainer_args({"--help"}).help);
+  std::string usage = trainer_usage();
+  EXPECT_NE(usage.find("fsdp.sharding_strategy"), std::string::npos);
+  EXPECT_NE(usage.find("checkpoint.unified_checkpoint_config"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace st::launch
