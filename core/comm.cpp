@@ -1,1 +1,305 @@
-// placeholder: being written
+// Backend-independent parts of core/comm.h: Work, the argument checks every
+// backend shares, launcher detection and the runtime that owns MPI.
+#include "core/comm.h"
+
+#include <charconv>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string_view>
+
+#include <mpi.h>
+
+namespace st {
+
+// --- Work ----------------------------------------------------------------------
+
+Work& Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    wait_noexcept();  // the collective this handle tracked must not be orphaned
+    impl_ = std::move(other.impl_);
+    error_ = std::move(other.error_);
+    error_reported_ = other.error_reported_;
+  }
+  return *this;
+}
+
+Work::~Work() { wait_noexcept(); }
+
+void Work::wait() {
+  if (impl_) {
+    // Take the Impl first: it is waited at most once even when that throws,
+    // and later calls see the stored failure instead.
+    std::unique_ptr<Impl> impl = std::move(impl_);
+    try {
+      impl->wait();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  }
+  if (error_) {
+    error_reported_ = true;
+    std::rethrow_exception(error_);
+  }
+}
+
+bool Work::is_completed() {
+  if (!impl_) return true;
+  try {
+    return impl_->test();
+  } catch (...) {
+    // A failed test is a finished collective; wait() reports the failure.
+    error_ = std::current_exception();
+    impl_.reset();
+    return true;
+  }
+}
+
+void Work::wait_noexcept() noexcept {
+  bool already_reported = error_reported_;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    if (!already_reported)
+      std::fprintf(stderr, "shardtrain: a collective failed and nobody waited for it: %s\n", e.what());
+  } catch (...) {
+    if (!already_reported) std::fprintf(stderr, "shardtrain: a collective failed and nobody waited for it\n");
+  }
+}
+
+std::ostream& operator<<(std::ostream& os, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return os << "Sum";
+    case ReduceOp::Avg: return os << "Avg";
+    case ReduceOp::Max: return os << "Max";
+  }
+  return os << "ReduceOp(" << static_cast<int>(op) << ")";
+}
+
+// --- argument checks shared by the backends -------------------------------------
+
+namespace {
+
+void check_defined(const char* op, const char* name, const Tensor& t, int rank) {
+  ST_CHECK(t.defined(), "{}: {} is an undefined tensor (rank {})", op, name, rank);
+}
+
+void check_same_kind(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b,
+                     int rank) {
+  ST_CHECK(a.dtype() == b.dtype(), "{}: {} is {} but {} is {}; both must have the same dtype (rank {})", op, a_name,
+           a.dtype(), b_name, b.dtype(), rank);
+  ST_CHECK(a.device() == b.device(),
+           "{}: {} is on {} but {} is on {}; all tensors of one call share a device (rank {})", op, a_name, a.device(),
+           b_name, b.device(), rank);
+}
+
+void check_reduce_op(const char* op, ReduceOp reduce, DType dtype, bool max_allowed, int rank) {
+  ST_CHECK(max_allowed || reduce != ReduceOp::Max, "{}: op {} is not supported, use Sum or Avg (rank {})", op, reduce,
+           rank);
+  // Integer averages would truncate differently from what a caller dividing
+  // the sum would choose, so the caller decides.
+  ST_CHECK(!(reduce == ReduceOp::Avg && dtype == DType::I32),
+           "{}: Avg of an I32 tensor is not supported (integer division would truncate); use Sum and divide "
+           "(rank {})",
+           op, rank);
+}
+
+void check_counts(const char* op, const char* counts_name, std::span<const int64_t> counts, const char* tensor_name,
+                  const Tensor& t, int size, int rank) {
+  ST_CHECK(static_cast<int64_t>(counts.size()) == size, "{}: {} has {} entries, expected size() = {} (rank {})", op,
+           counts_name, counts.size(), size, rank);
+  int64_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    ST_CHECK(counts[r] >= 0, "{}: {}[{}] = {} is negative (rank {})", op, counts_name, r, counts[r], rank);
+    total += counts[r];
+  }
+  ST_CHECK(t.numel() == total, "{}: {} has {} elements, expected sum({}) = {} (rank {})", op, tensor_name, t.numel(),
+           counts_name, total, rank);
+}
+
+}  // namespace
+
+void ProcessGroup::check_all_gather(const Tensor& out, const Tensor& in) const {
+  const char* op = "all_gather";
+  check_defined(op, "out", out, rank());
+  check_defined(op, "in", in, rank());
+  check_same_kind(op, "out", out, "in", in, rank());
+  ST_CHECK(out.numel() == size() * in.numel(),
+           "{}: out has {} elements, expected size()*in.numel() = {}*{} = {} (rank {})", op, out.numel(), size(),
+           in.numel(), size() * in.numel(), rank());
+}
+
+void ProcessGroup::check_reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp reduce) const {
+  const char* op = "reduce_scatter";
+  check_defined(op, "out", out, rank());
+  check_defined(op, "in", in, rank());
+  check_same_kind(op, "out", out, "in", in, rank());
+  check_reduce_op(op, reduce, out.dtype(), /*max_allowed=*/false, rank());
+  ST_CHECK(in.numel() == size() * out.numel(),
+           "{}: in has {} elements, expected size()*out.numel() = {}*{} = {} (rank {})", op, in.numel(), size(),
+           out.numel(), size() * out.numel(), rank());
+}
+
+void ProcessGroup::check_all_reduce(const Tensor& t, ReduceOp reduce) const {
+  check_defined("all_reduce", "t", t, rank());
+  check_reduce_op("all_reduce", reduce, t.dtype(), /*max_allowed=*/true, rank());
+}
+
+void ProcessGroup::check_broadcast(const Tensor& t, int root) const {
+  check_defined("broadcast", "t", t, rank());
+  ST_CHECK(root >= 0 && root < size(), "broadcast: root {} is not a rank of this group of size {} (rank {})", root,
+           size(), rank());
+}
+
+void ProcessGroup::check_all_to_allv(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in,
+                                     std::span<const int64_t> send_counts) const {
+  const char* op = "all_to_allv";
+  check_defined(op, "out", out, rank());
+  check_defined(op, "in", in, rank());
+  check_same_kind(op, "out", out, "in", in, rank());
+  check_counts(op, "send_counts", send_counts, "in", in, size(), rank());
+  check_counts(op, "recv_counts", recv_counts, "out", out, size(), rank());
+  // The one pairing a rank can check alone; the others surface inside MPI.
+  auto self = static_cast<size_t>(rank());
+  ST_CHECK(send_counts[self] == recv_counts[self],
+           "{}: send_counts[{}] = {} but recv_counts[{}] = {}; what a rank sends itself must match what it expects "
+           "(rank {})",
+           op, self, send_counts[self], self, recv_counts[self], rank());
+}
+
+// --- launcher detection ---------------------------------------------------------
+
+namespace {
+
+/// nullopt when `name` is unset; throws when it is set to anything but a
+/// decimal integer >= min_value (no sign, no spaces).
+std::optional<int> env_int(const char* name, int min_value) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr) return std::nullopt;
+  std::string_view text(raw);
+  int value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  bool ok =
+      !text.empty() && text[0] != '-' && ec == std::errc() && end == text.data() + text.size() && value >= min_value;
+  ST_CHECK(ok, "environment variable {}='{}' is not an integer >= {}; the launcher's environment is malformed", name,
+           text, min_value);
+  return value;
+}
+
+/// The first of `names` that is set, with its name; nullopt when none is.
+struct EnvValue {
+  const char* name;
+  int value;
+};
+std::optional<EnvValue> first_env_int(std::initializer_list<const char*> names, int min_value) {
+  for (const char* name : names) {
+    if (auto v = env_int(name, min_value)) return EnvValue{name, *v};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+WorldInfo detect_world() {
+  std::optional<EnvValue> rank, size, local_rank, local_size;
+  if (auto r = env_int("OMPI_COMM_WORLD_RANK", 0), s = env_int("OMPI_COMM_WORLD_SIZE", 1); r || s) {
+    ST_CHECK(r && s, "Open MPI launch: {} is set but {} is not", r ? "OMPI_COMM_WORLD_RANK" : "OMPI_COMM_WORLD_SIZE",
+             r ? "OMPI_COMM_WORLD_SIZE" : "OMPI_COMM_WORLD_RANK");
+    rank = EnvValue{"OMPI_COMM_WORLD_RANK", *r};
+    size = EnvValue{"OMPI_COMM_WORLD_SIZE", *s};
+    local_rank = first_env_int({"OMPI_COMM_WORLD_LOCAL_RANK"}, 0);
+    local_size = first_env_int({"OMPI_COMM_WORLD_LOCAL_SIZE"}, 1);
+  } else if ((rank = first_env_int({"PMIX_RANK", "PMI_RANK"}, 0))) {
+    // PMIx publishes no size variable; under srun --mpi=pmix SLURM does.
+    size = first_env_int({"PMI_SIZE", "SLURM_NTASKS"}, 1);
+    ST_CHECK(size, "{}={} is set but neither PMI_SIZE nor SLURM_NTASKS gives the world size", rank->name, rank->value);
+    local_rank = first_env_int({"MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID"}, 0);
+    local_size = first_env_int({"MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}, 1);
+  } else if ((rank = first_env_int({"SLURM_PROCID"}, 0))) {
+    size = first_env_int({"SLURM_NTASKS"}, 1);
+    ST_CHECK(size, "SLURM_PROCID={} is set but SLURM_NTASKS is not", rank->value);
+    local_rank = first_env_int({"SLURM_LOCALID"}, 0);
+    local_size = first_env_int({"SLURM_NTASKS_PER_NODE"}, 1);
+  } else {
+    return WorldInfo{};
+  }
+
+  WorldInfo info;
+  info.launched = true;
+  info.rank = rank->value;
+  info.size = size->value;
+  info.local_rank = local_rank ? local_rank->value : info.rank;
+  info.local_size = local_size ? local_size->value : info.size;
+  ST_CHECK(info.rank < info.size, "launcher environment: rank {} ({}) is not below the world size {} ({})", info.rank,
+           rank->name, info.size, size->name);
+  ST_CHECK(info.local_size <= info.size, "launcher environment: local size {} ({}) exceeds the world size {} ({})",
+           info.local_size, local_size ? local_size->name : "default", info.size, size->name);
+  ST_CHECK(info.local_rank < info.local_size,
+           "launcher environment: local rank {} ({}) is not below the local size {} ({})", info.local_rank,
+           local_rank ? local_rank->name : "default", info.local_size, local_size ? local_size->name : "world size");
+  return info;
+}
+
+// --- runtime ----------------------------------------------------------------------
+
+CommRuntime::CommRuntime(CommBackend backend) : info_(detect_world()) {
+  if (backend == CommBackend::Auto) backend = info_.launched || info_.size > 1 ? CommBackend::Mpi : CommBackend::Local;
+  if (backend == CommBackend::Local) {
+    ST_CHECK(info_.size == 1,
+             "the local backend runs one process, but the launcher started {} (this is rank {}); use CommBackend::Mpi "
+             "or Auto",
+             info_.size, info_.rank);
+    world_ = make_local_group();
+    return;
+  }
+
+  // MPI can be initialised once per process and never again after
+  // MPI_Finalize, so a second owner is a bug to report, not to paper over.
+  int initialized = 0;
+  int finalized = 0;
+  MPI_CHECK(MPI_Initialized(&initialized));
+  MPI_CHECK(MPI_Finalized(&finalized));
+  ST_CHECK(!finalized,
+           "MPI was already finalized in this process and cannot be initialised again; create one "
+           "CommRuntime for the life of the process");
+  ST_CHECK(!initialized,
+           "MPI is already initialised in this process (a second CommRuntime, or another library called "
+           "MPI_Init); exactly one CommRuntime owns MPI");
+  int provided = -1;
+  MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+  mpi_initialized_ = true;
+  mpi_thread_provided_ = provided;
+  // From here a throw leaves MPI un-finalised on purpose: MPI_Finalize could
+  // block on ranks that went on, while an exit without it makes the launcher
+  // end the whole job.
+  world_ = make_mpi_world_group();
+  if (info_.launched) {
+    ST_CHECK(world_->size() == info_.size && world_->rank() == info_.rank,
+             "the launcher's environment says rank {} of {}, but MPI_COMM_WORLD says rank {} of {}; start the "
+             "processes with the launcher MPI was built for (mpirun, or srun with --mpi)",
+             info_.rank, info_.size, world_->rank(), world_->size());
+  }
+  info_.rank = world_->rank();
+  info_.size = world_->size();
+  if (!info_.launched) {
+    info_.local_rank = 0;
+    info_.local_size = 1;
+  }
+}
+
+CommRuntime::~CommRuntime() {
+  world_.reset();  // the world communicator goes before MPI does
+  if (!mpi_initialized_) return;
+  // Unwinding from an error: the other ranks may wait in a collective this
+  // rank never joins, and MPI_Finalize would wait for them. Skipping it makes
+  // the launcher tear the job down instead of hanging.
+  if (std::uncaught_exceptions() > 0) return;
+  int finalized = 0;
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+  int rc = MPI_Finalize();
+  if (rc != MPI_SUCCESS)
+    std::fprintf(stderr, "shardtrain: MPI_Finalize failed: %s\n", detail::mpi_error_string(rc).c_str());
+}
+
+}  // namespace st

@@ -8,6 +8,7 @@
 // once, so the result does not depend on the number of ranks or the order in
 // which a backend combines them. All tensors of one call share a device.
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <span>
@@ -66,6 +67,8 @@ class Work {
  private:
   void wait_noexcept() noexcept;
   std::unique_ptr<Impl> impl_;
+  std::exception_ptr error_;     // the failure, kept so every wait() rethrows it
+  bool error_reported_ = false;  // rethrown by wait() at least once: the destructor stays quiet
 };
 
 class ProcessGroup {
@@ -98,10 +101,26 @@ class ProcessGroup {
   /// (ties by rank). Collective over this group. A negative color takes no
   /// part and gets nullptr.
   virtual std::unique_ptr<ProcessGroup> split(int color, int key) = 0;
+
+ protected:
+  // Argument checks shared by every backend, so an error reads the same
+  // whichever backend raised it. Each throws st::Error naming the op, the
+  // sizes and this rank, e.g. "all_gather: out has 10 elements, expected
+  // size()*in.numel() = 4*3 = 12 (rank 1)". Tensors must be defined and share
+  // dtype and device; Avg is refused for I32 (integer division would truncate).
+  void check_all_gather(const Tensor& out, const Tensor& in) const;
+  void check_reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) const;
+  void check_all_reduce(const Tensor& t, ReduceOp op) const;
+  void check_broadcast(const Tensor& t, int root) const;
+  void check_all_to_allv(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in,
+                         std::span<const int64_t> send_counts) const;
 };
 
 /// Where this process sits, read from the launcher's environment
 /// (Open MPI's OMPI_COMM_WORLD_*, else PMI_*/PMIX_*, else SLURM_*, else 1 process).
+/// A variable that is set but not a non-negative integer, or values that
+/// contradict each other (rank >= size), throw st::Error naming the variable.
+/// Without a local rank/size from the launcher, all ranks count as one host.
 struct WorldInfo {
   int rank = 0;
   int size = 1;
@@ -125,10 +144,14 @@ class CommRuntime {
 
   ProcessGroup& world() { return *world_; }
   const WorldInfo& info() const { return info_; }
+  /// The thread support MPI_Init_thread provided (MPI_THREAD_SINGLE ..
+  /// MPI_THREAD_MULTIPLE, which is requested); -1 when MPI is not used.
+  int mpi_thread_provided() const { return mpi_thread_provided_; }
 
  private:
   WorldInfo info_;
   bool mpi_initialized_ = false;
+  int mpi_thread_provided_ = -1;
   std::unique_ptr<ProcessGroup> world_;
 };
 

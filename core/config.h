@@ -7,7 +7,9 @@
 // st::Error naming the key, the file:line and what was expected (with the
 // closest valid key for a typo). `--set key=value` overrides go through the
 // same parser. config_keys() lists every key with its type, default and doc;
-// the README's configuration reference is generated from it.
+// the README's configuration reference is generated from it. The per-field
+// comments below are repeated as doc strings in config.cpp's schema; a test
+// keeps the two copies identical.
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -51,6 +53,8 @@ struct ModelConfig {
   double rms_norm_eps = 1e-5;          // RMSNorm epsilon
   bool tie_word_embeddings = false;    // lm_head shares model.embed_tokens.weight
   double init_std = 0.02;              // std of the normal init of linears and embeddings
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct TrainConfig {
@@ -60,17 +64,23 @@ struct TrainConfig {
   int64_t seq_len = 128;               // tokens per sequence
   uint64_t seed = 1234;                // seeds init, data order and synthetic data
   DeviceKind device = DeviceKind::Auto;  // cpu | cuda | auto (cuda when a GPU is visible)
+
+  bool operator==(const TrainConfig&) const = default;
 };
 
 struct DataConfig {
   DataKind kind = DataKind::Synthetic;  // synthetic (seeded random tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)
   std::string path;                     // file or directory for text/tokens; unused for synthetic
+
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct ScheduleConfig {
   ScheduleKind kind = ScheduleKind::Cosine;  // constant | cosine | linear (decay after warmup)
   int64_t warmup_steps = 0;                  // linear warmup from 0 to optim.lr
   double min_lr = 0.0;                       // LR at the end of the decay
+
+  bool operator==(const ScheduleConfig&) const = default;
 };
 
 struct OptimConfig {
@@ -83,22 +93,30 @@ struct OptimConfig {
   double momentum = 0.9;                      // SGD momentum
   double grad_clip = 1.0;                     // max global gradient norm; 0 disables clipping
   ScheduleConfig schedule;                    // learning-rate schedule
+
+  bool operator==(const OptimConfig&) const = default;
 };
 
 struct AutoWrapConfig {
   WrapPolicy policy = WrapPolicy::Transformer;            // size_based | transformer | none
   int64_t min_num_params = 100000000;                     // size_based: threshold for a subtree to become a unit
   std::vector<std::string> module_types = {"DecoderLayer"};  // transformer: module type names that become units
+
+  bool operator==(const AutoWrapConfig&) const = default;
 };
 
 struct MixedPrecisionConfig {
   PrecisionKind param_dtype = PrecisionKind::BF16;   // dtype of gathered weights and activations
   PrecisionKind reduce_dtype = PrecisionKind::F32;   // dtype gradients travel in
+
+  bool operator==(const MixedPrecisionConfig&) const = default;
 };
 
 struct RecomputeConfig {
   RecomputeMode mode = RecomputeMode::None;  // none | full (every decoder layer) | every_n
   int64_t n = 2;                             // every_n: recompute every n-th decoder layer
+
+  bool operator==(const RecomputeConfig&) const = default;
 };
 
 struct FsdpConfig {
@@ -109,6 +127,8 @@ struct FsdpConfig {
   RecomputeConfig activation_checkpointing;  // activation recomputation
   bool forward_prefetch = true;        // gather unit k+1 before unit k computes
   bool limit_all_gathers = true;       // at most two gathered units in flight
+
+  bool operator==(const FsdpConfig&) const = default;
 };
 
 struct CheckpointConfig {
@@ -120,12 +140,16 @@ struct CheckpointConfig {
   bool verify = true;                  // verify checksums on load
   std::string init_from;               // start from these model weights (HF directory or checkpoint), fresh optimizer
   std::vector<std::string> unified_checkpoint_config;  // skip_save_model_weight | master_weight_compatible | enable_all_options
+
+  bool operator==(const CheckpointConfig&) const = default;
 };
 
 struct LoggingConfig {
   int64_t interval = 1;                // print a step line every N steps
   std::string metrics_file;            // append one JSON object per logged step; empty disables
   std::string level = "info";          // debug | info | warn | error
+
+  bool operator==(const LoggingConfig&) const = default;
 };
 
 struct Config {
@@ -140,6 +164,9 @@ struct Config {
   /// Checks values that each field's parser cannot (ranges, cross-field
   /// rules); throws st::Error naming the key and the expected form.
   void validate() const;
+
+  /// Field-by-field equality (e.g. a resumed run against its checkpoint's config).
+  bool operator==(const Config&) const = default;
 };
 
 /// One configuration key, for help text and the README reference.
@@ -152,6 +179,7 @@ struct ConfigKeyDoc {
 std::vector<ConfigKeyDoc> config_keys();
 
 /// Loads `path`, applies `overrides` ("key=value", later wins), validates.
+/// Errors name the file as `path` was given ("llama.yaml:7", "configs/x.yaml:3").
 Config load_config(const std::string& path, std::span<const std::string> overrides = {});
 /// The same from YAML text; `source_name` stands in for the file name in errors.
 Config load_config_from_string(std::string_view yaml, std::string_view source_name,

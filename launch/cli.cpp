@@ -50,6 +50,8 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
       std::string n = take_value();
       ST_CHECK(is_positive_integer(n), "--steps {}: expected a positive integer", n);
       args.overrides.push_back("train.steps=" + n);
+    } else if (flag == "--list-keys") {
+      args.list_keys = true;
     } else if (flag == "--print-config") {
       args.print_config = true;
     } else if (flag == "--log-level") {
@@ -58,7 +60,7 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
       ST_FAIL("unknown argument '{}' (see --help)", argv[i]);
     }
   }
-  ST_CHECK(args.help || !args.config_path.empty(), "missing --config FILE (for example --config configs/toy.yaml)");
+  ST_CHECK(args.help || args.list_keys || !args.config_path.empty(), "missing --config FILE (for example --config configs/toy.yaml)");
   return args;
 }
 
@@ -69,10 +71,24 @@ std::string trainer_usage() {
         "  --set key=value    override one configuration key; repeatable; e.g. --set fsdp.sharding_strategy=NO_SHARD\n"
         "  --steps N          same as --set train.steps=N\n"
         "  --print-config     print the resolved configuration as YAML and exit\n"
-        "  --log-level L      debug | info | warn | error (overrides logging.level)\n\n"
+        "  --log-level L      debug | info | warn | error (overrides logging.level)\n"
+        "  --list-keys        print every configuration key as a Markdown table and exit\n\n"
         "configuration keys:\n";
   for (const ConfigKeyDoc& k : config_keys()) {
     os << "  " << k.key << " (" << k.type << ", default " << k.default_value << ")\n      " << k.doc << "\n";
+  }
+  return os.str();
+}
+
+std::string config_keys_markdown() {
+  std::ostringstream os;
+  os << "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const ConfigKeyDoc& k : config_keys()) {
+    std::string type = k.type;
+    // A '|' inside a table cell must be escaped.
+    for (size_t p = type.find('|'); p != std::string::npos; p = type.find('|', p + 2)) type.replace(p, 1, "\\|");
+    std::string def = k.default_value.empty() ? "" : "`" + k.default_value + "`";
+    os << "| `" << k.key << "` | " << type << " | " << def << " | " << k.doc << " |\n";
   }
   return os.str();
 }

@@ -1,6 +1,7 @@
 #pragma once
 // Command line of `trainer`:
 //   trainer --config FILE [--set key=value]... [--steps N] [--print-config] [--log-level L]
+//   trainer --help | --list-keys
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@ struct TrainerArgs {
   std::vector<std::string> overrides;  // --set key=value, in order; --steps N becomes train.steps=N
   bool print_config = false;           // --print-config: print the resolved YAML and exit
   bool help = false;                   // --help / -h
+  bool list_keys = false;              // --list-keys: print the configuration reference (Markdown) and exit
   std::string log_level = "";          // --log-level: overrides logging.level when set
 };
 
@@ -19,5 +21,7 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv);
 
 /// The usage text, including every configuration key with its doc.
 std::string trainer_usage();
+/// Every configuration key as a Markdown table (the README's reference).
+std::string config_keys_markdown();
 
 }  // namespace st::launch

@@ -86,11 +86,11 @@ class Checker {
       group_.broadcast(t, {.root = root}).wait();
       record("broadcast " + dt, count_wrong(t, [&](int64_t i) { return root * 3 + i; }), t.numel());
     }
-    {  // all_to_allv: rank r sends (q + r) % 3 elements to rank q, valued r*10+q
+    {  // all_to_allv: rank r sends (q + r + 1) % 3 elements (0, 1 or 2) to rank q, valued r*10+q
       std::vector<int64_t> send(p), recv(p);
       for (int q = 0; q < p; ++q) {
-        send[q] = (q + r) % 3;
-        recv[q] = (r + q) % 3;
+        send[q] = (q + r + 1) % 3;
+        recv[q] = (r + q + 1) % 3;
       }
       std::vector<float> in_v, want;
       for (int q = 0; q < p; ++q) in_v.insert(in_v.end(), send[q], static_cast<float>(r * 10 + q));
@@ -144,7 +144,8 @@ SelfCheckReport run_self_check(ProcessGroup& group, Logger& log, int64_t bandwid
     log.info0("  {:<28} {} wrong of {}", c.name, c.wrong, c.checked);
   }
 
-  if (bandwidth_bytes > 0) {
+  // One rank moves nothing over a wire, so a bandwidth figure would be noise.
+  if (bandwidth_bytes > 0 && group.size() > 1) {
     const int p = group.size();
     const int64_t n = bandwidth_bytes / 4 / p * p;  // F32 elements, divisible by p
     Tensor full = Tensor::zeros({n}, DType::F32);
@@ -160,7 +161,8 @@ SelfCheckReport run_self_check(ProcessGroup& group, Logger& log, int64_t bandwid
     add("reduce_scatter F32", time_op(group, iters, [&] { group.reduce_scatter(shard, full).wait(); }), f);
     add("all_reduce F32", time_op(group, iters, [&] { group.all_reduce(full).wait(); }), 2 * f);
     for (const BandwidthResult& b : report.bandwidth) {
-      log.info0("  {:<28} {} MB  {} ms  busbw {} GB/s", b.name, b.bytes / 1e6, b.seconds * 1e3, b.bus_gbps);
+      log.info0("  {:<28} {:>8.1f} MB {:>9.3f} ms  busbw {:>7.2f} GB/s", b.name, b.bytes / 1e6, b.seconds * 1e3,
+                b.bus_gbps);
     }
   }
   return report;

@@ -26,6 +26,10 @@ int run(const std::vector<std::string>& argv) {
     std::fputs(st::launch::trainer_usage().c_str(), stdout);
     return 0;
   }
+  if (args.list_keys) {
+    std::fputs(st::launch::config_keys_markdown().c_str(), stdout);
+    return 0;
+  }
   // Loading the config first means a bad file fails before MPI starts.
   st::Config config = st::load_config(args.config_path, args.overrides);
   if (args.print_config) {
@@ -42,9 +46,14 @@ int run(const std::vector<std::string>& argv) {
             world.size(), world.backend_name(), st::cuda::device_count(),
             st::cuda::compiled_with_cuda() ? "built in" : "not built");
   log.debug("local rank {}/{}", info.local_rank, info.local_size);
-  log.info0("model {} | {} steps | global batch {} x {} tokens | sharding {}", config.model.name,
-            config.train.steps, config.train.global_batch_size, config.train.seq_len,
-            st::to_string(config.fsdp.sharding_strategy));
+  if (config.model.name == "toy") {
+    log.info0("model toy | {} steps | global batch {} | sharding {}", config.train.steps,
+              config.train.global_batch_size, st::to_string(config.fsdp.sharding_strategy));
+  } else {
+    log.info0("model {} | {} steps | global batch {} x {} tokens | sharding {}", config.model.name,
+              config.train.steps, config.train.global_batch_size, config.train.seq_len,
+              st::to_string(config.fsdp.sharding_strategy));
+  }
 
   // The training loop arrives with the models issue; until then the main job
   // proves the launch: every collective on every dtype, with known answers.

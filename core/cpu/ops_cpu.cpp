@@ -1,1 +1,276 @@
-// placeholder: being written
+// CPU backend of core/ops.h. One rule for every op here: BF16 elements are
+// widened to F32, the arithmetic is F32, and a BF16 result is rounded once
+// (round to nearest even) when it is stored. That is what the CUDA kernels do
+// too, so a CPU run and a GPU run round identically.
+#include "core/cpu/ops_cpu.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#include <Eigen/Core>
+
+namespace st::cpu {
+
+namespace {
+
+using ops::Transpose;
+
+inline float to_f32(float v) { return v; }
+inline float to_f32(BFloat16 v) { return bf16_bits_to_f32(v.bits); }
+
+template <class T>
+inline T from_f32(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return BFloat16::from_bits(f32_to_bf16_bits(v));
+  }
+}
+
+// Calls fn(std::type_identity<T>{}) with T = float or BFloat16 for `dtype`.
+// The dispatcher has already rejected other dtypes; this is the backstop.
+template <class Fn>
+decltype(auto) visit_float(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::F32: return fn(std::type_identity<float>{});
+    case DType::BF16: return fn(std::type_identity<BFloat16>{});
+    case DType::I32: break;
+  }
+  ST_FAIL("CPU op expected an F32 or BF16 tensor, got {}", dtype);
+}
+
+void widen(const BFloat16* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_f32(src[i].bits);
+}
+
+void narrow(const float* src, BFloat16* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i].bits = f32_to_bf16_bits(src[i]);
+}
+
+// F32 scratch for GEMMs with BF16 operands, owned by the calling thread and
+// grow-only: a training step repeats the same shapes, so after the first step
+// the GEMM path allocates nothing. It is bounded by the operands of the largest
+// single GEMM a thread has run and is not counted by cpu_allocator(), whose
+// stats describe tensors.
+float* gemm_scratch(size_t n) {
+  struct Buffer {
+    std::unique_ptr<float[]> data;
+    size_t size = 0;
+  };
+  thread_local Buffer buffer;
+  if (buffer.size < n) {
+    buffer.data.reset();  // release the old block before taking the larger one
+    buffer.data = std::make_unique_for_overwrite<float[]>(n);
+    buffer.size = n;
+  }
+  return buffer.data.get();
+}
+
+using RowMajorF32 = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMatrixMap = Eigen::Map<const RowMajorF32>;
+using MatrixMap = Eigen::Map<RowMajorF32>;
+
+// c = alpha * lhs @ rhs + beta * c. Zeroing first (rather than scaling by 0)
+// is what makes beta == 0 ignore NaN or Inf left in c.
+template <class Lhs, class Rhs>
+void multiply_into(MatrixMap& c, const Lhs& lhs, const Rhs& rhs, float alpha, float beta) {
+  if (beta == 0.0f) {
+    c.setZero();
+  } else if (beta != 1.0f) {
+    c *= beta;
+  }
+  // Eigen folds the scalar into its GEMM kernel and reads the transposes in
+  // place, so no operand is copied here.
+  c.noalias() += alpha * lhs * rhs;
+}
+
+// Element i of an I32 tensor as BF16, rounded once. Going through F32 rounds
+// twice for |v| > 2^24, which goes wrong exactly when the F32 value lands on
+// a BF16 midpoint that v itself is not on (the tie then breaks to even instead
+// of towards v). Moving such an F32 value one F32 ulp back towards v keeps it
+// on v's side of the midpoint, and one F32 ulp is far from any other midpoint.
+uint16_t i32_to_bf16_bits(int32_t v) {
+  float f = static_cast<float>(v);
+  if ((std::bit_cast<uint32_t>(f) & 0xffffu) == 0x8000u) {
+    int64_t diff = static_cast<int64_t>(v) - static_cast<int64_t>(f);
+    if (diff != 0)
+      f = std::nextafter(f,
+                         diff > 0 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity());
+  }
+  return f32_to_bf16_bits(f);
+}
+
+template <class T>
+double sum_of_squares_typed(const T* p, int64_t n) {
+  // Independent partial sums: a single accumulator serialises on the add
+  // latency, and the compiler may not reassociate floating-point sums itself.
+  constexpr int kLanes = 8;
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      double v = to_f32(p[i + j]);
+      acc[j] += v * v;
+    }
+  }
+  double total = 0.0;
+  for (; i < n; ++i) {
+    double v = to_f32(p[i]);
+    total += v * v;
+  }
+  for (double partial : acc) total += partial;
+  return total;
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, ops::Transpose ta, const Tensor& b, ops::Transpose tb, const Tensor& c, int64_t m, int64_t n,
+          int64_t k, float alpha, float beta) {
+  if (m == 0 || n == 0) return;
+  const bool a_bf16 = a.dtype() == DType::BF16;
+  const bool b_bf16 = b.dtype() == DType::BF16;
+  const bool c_bf16 = c.dtype() == DType::BF16;
+  const int64_t a_scratch = a_bf16 ? m * k : 0;
+  const int64_t b_scratch = b_bf16 ? k * n : 0;
+  const int64_t c_scratch = c_bf16 ? m * n : 0;
+  float* scratch = nullptr;
+  if (a_scratch + b_scratch + c_scratch > 0)
+    scratch = gemm_scratch(static_cast<size_t>(a_scratch + b_scratch + c_scratch));
+
+  // F32 views of the operands: the tensors themselves, or widened copies.
+  const float* pa = nullptr;
+  if (a_bf16) {
+    widen(a.data<BFloat16>(), scratch, a_scratch);
+    pa = scratch;
+  } else {
+    pa = a.data<float>();
+  }
+  const float* pb = nullptr;
+  if (b_bf16) {
+    widen(b.data<BFloat16>(), scratch + a_scratch, b_scratch);
+    pb = scratch + a_scratch;
+  } else {
+    pb = b.data<float>();
+  }
+  float* pc = nullptr;
+  if (c_bf16) {
+    pc = scratch + a_scratch + b_scratch;
+    if (beta != 0.0f) widen(c.data<BFloat16>(), pc, c_scratch);
+  } else {
+    pc = c.data<float>();
+  }
+
+  MatrixMap cm(pc, m, n);  // (M, N)
+  if (k == 0) {
+    // op(a) @ op(b) is all zeros; only the beta term is left.
+    if (beta == 0.0f) {
+      cm.setZero();
+    } else if (beta != 1.0f) {
+      cm *= beta;
+    }
+  } else {
+    // a and b as stored: op(a) = a_stored or its transpose, likewise b.
+    const bool a_t = ta == Transpose::Yes;
+    const bool b_t = tb == Transpose::Yes;
+    ConstMatrixMap a_stored(pa, a_t ? k : m, a_t ? m : k);  // (M, K) or (K, M)
+    ConstMatrixMap b_stored(pb, b_t ? n : k, b_t ? k : n);  // (K, N) or (N, K)
+    if (!a_t && !b_t) {
+      multiply_into(cm, a_stored, b_stored, alpha, beta);
+    } else if (!a_t && b_t) {
+      multiply_into(cm, a_stored, b_stored.transpose(), alpha, beta);
+    } else if (a_t && !b_t) {
+      multiply_into(cm, a_stored.transpose(), b_stored, alpha, beta);
+    } else {
+      multiply_into(cm, a_stored.transpose(), b_stored.transpose(), alpha, beta);
+    }
+  }
+
+  if (c_bf16) narrow(pc, c.data<BFloat16>(), c_scratch);
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t n = out.numel();
+  visit_float(a.dtype(), [&](auto a_type) {
+    visit_float(b.dtype(), [&](auto b_type) {
+      visit_float(out.dtype(), [&](auto out_type) {
+        using A = typename decltype(a_type)::type;
+        using B = typename decltype(b_type)::type;
+        using O = typename decltype(out_type)::type;
+        // out may be a or b exactly: element i is read before it is written.
+        const A* pa = a.data<A>();
+        const B* pb = b.data<B>();
+        O* po = out.data<O>();
+        for (int64_t i = 0; i < n; ++i) po[i] = from_f32<O>(to_f32(pa[i]) + to_f32(pb[i]));
+      });
+    });
+  });
+}
+
+void scale(const Tensor& x, float s) {
+  const int64_t n = x.numel();
+  visit_float(x.dtype(), [&](auto x_type) {
+    using T = typename decltype(x_type)::type;
+    T* p = x.data<T>();
+    for (int64_t i = 0; i < n; ++i) p[i] = from_f32<T>(to_f32(p[i]) * s);
+  });
+}
+
+void axpy(float alpha, const Tensor& x, const Tensor& y) {
+  const int64_t n = y.numel();
+  visit_float(x.dtype(), [&](auto x_type) {
+    visit_float(y.dtype(), [&](auto y_type) {
+      using X = typename decltype(x_type)::type;
+      using Y = typename decltype(y_type)::type;
+      const X* px = x.data<X>();
+      Y* py = y.data<Y>();
+      for (int64_t i = 0; i < n; ++i) py[i] = from_f32<Y>(to_f32(py[i]) + alpha * to_f32(px[i]));
+    });
+  });
+}
+
+void cast(const Tensor& src, const Tensor& dst) {
+  const int64_t n = dst.numel();
+  const DType from = src.dtype();
+  const DType to = dst.dtype();
+  if (from == to) {
+    if (n > 0) std::memmove(dst.raw_data(), src.raw_data(), dst.nbytes());
+  } else if (from == DType::F32 && to == DType::BF16) {
+    narrow(src.data<float>(), dst.data<BFloat16>(), n);
+  } else if (from == DType::BF16 && to == DType::F32) {
+    widen(src.data<BFloat16>(), dst.data<float>(), n);
+  } else if (from == DType::I32 && to == DType::F32) {
+    const int32_t* ps = src.data<int32_t>();
+    float* pd = dst.data<float>();
+    for (int64_t i = 0; i < n; ++i) pd[i] = static_cast<float>(ps[i]);
+  } else if (from == DType::I32 && to == DType::BF16) {
+    const int32_t* ps = src.data<int32_t>();
+    BFloat16* pd = dst.data<BFloat16>();
+    for (int64_t i = 0; i < n; ++i) pd[i].bits = i32_to_bf16_bits(ps[i]);
+  } else {
+    ST_FAIL("cast: no CPU conversion from {} to {}", from, to);
+  }
+}
+
+double sum_of_squares(const Tensor& x) {
+  return visit_float(x.dtype(), [&](auto x_type) {
+    using T = typename decltype(x_type)::type;
+    return sum_of_squares_typed(x.data<T>(), x.numel());
+  });
+}
+
+void fill(const Tensor& x, double value) {
+  const auto n = static_cast<size_t>(x.numel());
+  switch (x.dtype()) {
+    case DType::F32: std::fill_n(x.data<float>(), n, static_cast<float>(value)); break;
+    // Through float, as Tensor::full rounds, so fill and full agree bit for bit.
+    case DType::BF16: std::fill_n(x.data<BFloat16>(), n, BFloat16(static_cast<float>(value))); break;
+    case DType::I32: std::fill_n(x.data<int32_t>(), n, static_cast<int32_t>(value)); break;
+  }
+}
+
+}  // namespace st::cpu

@@ -13,17 +13,16 @@ namespace st::cuda::detail {
 /// later through cudaGetLastError() as if a kernel launch had failed.
 [[noreturn]] inline void throw_cuda_error(cudaError_t rc, const char* call, const char* file, int line) {
   (void)cudaGetLastError();
-  ::st::detail::throw_error(file, line,
-                            ::st::format("CUDA call failed: {}: {} ({})", call, cudaGetErrorString(rc),
-                                         cudaGetErrorName(rc)));
+  ::st::detail::throw_error(
+      file, line, ::st::format("CUDA call failed: {}: {} ({})", call, cudaGetErrorString(rc), cudaGetErrorName(rc)));
 }
 
 }  // namespace st::cuda::detail
 
 /// Wraps a CUDA runtime call; anything but cudaSuccess throws st::Error.
-#define CUDA_CHECK(call)                                                                  \
-  do {                                                                                    \
-    cudaError_t st_cuda_rc_ = (call);                                                     \
-    if (st_cuda_rc_ != cudaSuccess) [[unlikely]]                                          \
-      ::st::cuda::detail::throw_cuda_error(st_cuda_rc_, #call, __FILE__, __LINE__);       \
+#define CUDA_CHECK(call)                                                            \
+  do {                                                                              \
+    cudaError_t st_cuda_rc_ = (call);                                               \
+    if (st_cuda_rc_ != cudaSuccess) [[unlikely]]                                    \
+      ::st::cuda::detail::throw_cuda_error(st_cuda_rc_, #call, __FILE__, __LINE__); \
   } while (0)

@@ -57,8 +57,8 @@ int query_device_count() {
 void check_device(Device device, const char* what) {
   ST_CHECK(device.is_cuda(), "{}: expected a CUDA device, got {}", what, device);
   int count = device_count();
-  ST_CHECK(device.index >= 0 && device.index < count, "{}: {} requested, but {} CUDA GPU(s) are visible", what,
-           device, count);
+  ST_CHECK(device.index >= 0 && device.index < count, "{}: {} requested, but {} CUDA GPU(s) are visible", what, device,
+           count);
 }
 
 // Returns memory straight to the driver: cudaMalloc/cudaFree synchronise the
