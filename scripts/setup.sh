@@ -21,6 +21,7 @@ packages=(
   libyaml-cpp-dev              # configuration files
   nlohmann-json3-dev           # JSON: checkpoint indexes, metrics
   libgtest-dev                 # tests
+  python3-torch python3-numpy  # numerical reference for tests (PyTorch 1.13, CPU, /usr/bin/python3)
 )
 
 missing=()
