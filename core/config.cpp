@@ -37,6 +37,7 @@ constexpr Named<DeviceKind> kDeviceNames[] = {
     {DeviceKind::Cpu, "cpu"}, {DeviceKind::Cuda, "cuda"}, {DeviceKind::Auto, "auto"}};
 constexpr Named<DataKind> kDataNames[] = {
     {DataKind::Synthetic, "synthetic"}, {DataKind::Text, "text"}, {DataKind::Tokens, "tokens"}};
+constexpr Named<TokenDType> kTokenDTypeNames[] = {{TokenDType::U16, "uint16"}, {TokenDType::U32, "uint32"}};
 constexpr Named<OptimizerKind> kOptimizerNames[] = {{OptimizerKind::AdamW, "adamw"}, {OptimizerKind::Sgd, "sgd"}};
 constexpr Named<ScheduleKind> kScheduleNames[] = {
     {ScheduleKind::Constant, "constant"}, {ScheduleKind::Cosine, "cosine"}, {ScheduleKind::Linear, "linear"}};
@@ -55,6 +56,7 @@ constexpr Named<CheckpointFormat> kCheckpointFormatNames[] = {{CheckpointFormat:
 // Overloads picked by the enum type, so templates below can ask any enum for its names.
 std::span<const Named<DeviceKind>> names_of(DeviceKind) { return kDeviceNames; }
 std::span<const Named<DataKind>> names_of(DataKind) { return kDataNames; }
+std::span<const Named<TokenDType>> names_of(TokenDType) { return kTokenDTypeNames; }
 std::span<const Named<OptimizerKind>> names_of(OptimizerKind) { return kOptimizerNames; }
 std::span<const Named<ScheduleKind>> names_of(ScheduleKind) { return kScheduleNames; }
 std::span<const Named<ShardingStrategy>> names_of(ShardingStrategy) { return kShardingNames; }
@@ -121,18 +123,19 @@ void visit_schema(C& c, V&& v) {
   auto& d = c.data;
   v(Key("data.kind", "synthetic (seeded random tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)"), d.kind);
   v(Key("data.path", "file or directory for text/tokens; unused for synthetic"), d.path);
+  v(Key("data.token_dtype", "token width of headerless tokens files (llm.c shards give their own)"), d.token_dtype);
 
   auto& o = c.optim;
   v(Key("optim.name", "adamw | sgd"), o.name);
   v(Key("optim.lr", "peak learning rate"), o.lr);
-  v(Key("optim.weight_decay", "decoupled, on parameters with >= 2 dims only"), o.weight_decay);
+  v(Key("optim.weight_decay", "on parameters with >= 2 dims only (AdamW: decoupled; SGD: L2, as torch)"), o.weight_decay);
   v(Key("optim.beta1", "AdamW first-moment decay"), o.beta1);
   v(Key("optim.beta2", "AdamW second-moment decay"), o.beta2);
   v(Key("optim.eps", "AdamW denominator epsilon"), o.eps);
   v(Key("optim.momentum", "SGD momentum"), o.momentum);
   v(Key("optim.grad_clip", "max global gradient norm; 0 disables clipping"), o.grad_clip);
   v(Key("optim.schedule.kind", "constant | cosine | linear (decay after warmup)"), o.schedule.kind);
-  v(Key("optim.schedule.warmup_steps", "linear warmup from 0 to optim.lr"), o.schedule.warmup_steps);
+  v(Key("optim.schedule.warmup_steps", "linear warmup: step s < warmup uses lr*(s+1)/warmup"), o.schedule.warmup_steps);
   v(Key("optim.schedule.min_lr", "LR at the end of the decay"), o.schedule.min_lr);
 
   auto& f = c.fsdp;
@@ -566,6 +569,7 @@ std::string_view trim(std::string_view s) {
 
 std::string_view to_string(DeviceKind v) { return enum_name(v); }
 std::string_view to_string(DataKind v) { return enum_name(v); }
+std::string_view to_string(TokenDType v) { return enum_name(v); }
 std::string_view to_string(OptimizerKind v) { return enum_name(v); }
 std::string_view to_string(ScheduleKind v) { return enum_name(v); }
 std::string_view to_string(ShardingStrategy v) { return enum_name(v); }

@@ -21,6 +21,7 @@ namespace st {
 
 enum class DeviceKind : uint8_t { Cpu, Cuda, Auto };
 enum class DataKind : uint8_t { Synthetic, Text, Tokens };
+enum class TokenDType : uint8_t { U16, U32 };
 enum class OptimizerKind : uint8_t { AdamW, Sgd };
 enum class ScheduleKind : uint8_t { Constant, Cosine, Linear };
 enum class ShardingStrategy : uint8_t { FullShard, ShardGradOp, NoShard, HybridShard };
@@ -32,6 +33,7 @@ enum class CheckpointFormat : uint8_t { Unified, Sharded };
 /// The spelling used in YAML, e.g. "FULL_SHARD", "bf16", "every_n".
 std::string_view to_string(DeviceKind v);
 std::string_view to_string(DataKind v);
+std::string_view to_string(TokenDType v);
 std::string_view to_string(OptimizerKind v);
 std::string_view to_string(ScheduleKind v);
 std::string_view to_string(ShardingStrategy v);
@@ -71,13 +73,14 @@ struct TrainConfig {
 struct DataConfig {
   DataKind kind = DataKind::Synthetic;  // synthetic (seeded random tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)
   std::string path;                     // file or directory for text/tokens; unused for synthetic
+  TokenDType token_dtype = TokenDType::U16;  // token width of headerless tokens files (llm.c shards give their own)
 
   bool operator==(const DataConfig&) const = default;
 };
 
 struct ScheduleConfig {
   ScheduleKind kind = ScheduleKind::Cosine;  // constant | cosine | linear (decay after warmup)
-  int64_t warmup_steps = 0;                  // linear warmup from 0 to optim.lr
+  int64_t warmup_steps = 0;                  // linear warmup: step s < warmup uses lr*(s+1)/warmup
   double min_lr = 0.0;                       // LR at the end of the decay
 
   bool operator==(const ScheduleConfig&) const = default;
@@ -86,7 +89,7 @@ struct ScheduleConfig {
 struct OptimConfig {
   OptimizerKind name = OptimizerKind::AdamW;  // adamw | sgd
   double lr = 3e-4;                           // peak learning rate
-  double weight_decay = 0.1;                  // decoupled, on parameters with >= 2 dims only
+  double weight_decay = 0.1;                  // on parameters with >= 2 dims only (AdamW: decoupled; SGD: L2, as torch)
   double beta1 = 0.9;                         // AdamW first-moment decay
   double beta2 = 0.95;                        // AdamW second-moment decay
   double eps = 1e-8;                          // AdamW denominator epsilon

@@ -50,6 +50,8 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
       std::string n = take_value();
       ST_CHECK(is_positive_integer(n), "--steps {}: expected a positive integer", n);
       args.overrides.push_back("train.steps=" + n);
+    } else if (flag == "--self-check") {
+      args.self_check = true;
     } else if (flag == "--list-keys") {
       args.list_keys = true;
     } else if (flag == "--print-config") {
@@ -66,12 +68,14 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
 
 std::string trainer_usage() {
   std::ostringstream os;
-  os << "usage: trainer --config FILE [--set key=value]... [--steps N] [--print-config] [--log-level L]\n\n"
+  os << "usage: trainer --config FILE [--set key=value]... [--steps N] [--print-config] [--log-level L]\n"
+        "       trainer --config FILE --self-check\n\n"
         "  --config FILE      YAML configuration (see configs/)\n"
         "  --set key=value    override one configuration key; repeatable; e.g. --set fsdp.sharding_strategy=NO_SHARD\n"
         "  --steps N          same as --set train.steps=N\n"
         "  --print-config     print the resolved configuration as YAML and exit\n"
         "  --log-level L      debug | info | warn | error (overrides logging.level)\n"
+        "  --self-check       check every collective on known inputs and measure bus bandwidth, then exit\n"
         "  --list-keys        print every configuration key as a Markdown table and exit\n\n"
         "configuration keys:\n";
   for (const ConfigKeyDoc& k : config_keys()) {

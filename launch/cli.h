@@ -2,6 +2,7 @@
 // Command line of `trainer`:
 //   trainer --config FILE [--set key=value]... [--steps N] [--print-config] [--log-level L]
 //   trainer --help | --list-keys
+//   trainer --config FILE --self-check
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@ struct TrainerArgs {
   std::vector<std::string> overrides;  // --set key=value, in order; --steps N becomes train.steps=N
   bool print_config = false;           // --print-config: print the resolved YAML and exit
   bool help = false;                   // --help / -h
+  bool self_check = false;             // --self-check: run the collective self-check instead of training
   bool list_keys = false;              // --list-keys: print the configuration reference (Markdown) and exit
   std::string log_level = "";          // --log-level: overrides logging.level when set
 };

@@ -1,1 +1,572 @@
-// being written (issue 3)
+#include "launch/data.h"
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <filesystem>
+#include <limits>
+#include <system_error>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/format.h"
+
+// Everything random here is a counter-based hash of (seed, domain tag,
+// counters), never a sequential generator: a sample or a position of the
+// sample order is computed directly from its number, so any rank can start
+// anywhere in the stream (resumption, any world size) without replaying it.
+
+namespace st::launch {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------
+// Hashing.
+
+// splitmix64: a bijection on 64-bit words whose outputs pass BigCrush even
+// for consecutive inputs, which is exactly how counters feed it.
+constexpr uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+constexpr uint64_t hash_of(uint64_t a, uint64_t b) { return splitmix64(splitmix64(a) ^ b); }
+constexpr uint64_t hash_of(uint64_t a, uint64_t b, uint64_t c) { return hash_of(hash_of(a, b), c); }
+
+// Domain tags keep the streams that share train.seed independent of each other.
+enum class Stream : uint64_t {
+  Order = 0x6f72646572,            // sample order (the Feistel round keys)
+  ChainEdges = 0x6564676573,       // synthetic: each state's successors
+  ChainTokens = 0x746f6b656e,      // synthetic: the token id shown for each state
+  ChainWalk = 0x77616c6b,          // synthetic: the walk of one sample
+  ToyInputs = 0x696e70757473,      // toy: one sample's features
+  ToyTeacherW = 0x7465616368,      // toy: teacher weight
+  ToyTeacherB = 0x74656163686221,  // toy: teacher bias
+};
+
+constexpr uint64_t stream_key(uint64_t seed, Stream stream) { return hash_of(seed, static_cast<uint64_t>(stream)); }
+
+/// The top 24 bits as a float in [0, 1): every value is exactly representable.
+constexpr float unit_float(uint64_t h) { return static_cast<float>(h >> 40) * (1.0f / 16777216.0f); }
+
+// ---------------------------------------------------------------------------
+// Sample order: a keyed bijection of [0, n) evaluated one position at a time.
+
+// A balanced Feistel network permutes [0, 4^h) for any round function; cycle
+// walking (re-encrypting until the value lands below n) restricts it to a
+// permutation of [0, n). With 4^h < 4n a walk takes under 4 steps on average,
+// so each position costs O(1) and no permutation is ever materialised.
+class Permutation {
+ public:
+  Permutation(uint64_t key, int64_t n) : n_(static_cast<uint64_t>(n)) {
+    while ((uint64_t{1} << (2 * half_bits_)) < n_) ++half_bits_;
+    mask_ = (uint64_t{1} << half_bits_) - 1;
+    for (int r = 0; r < kRounds; ++r) round_keys_[r] = hash_of(key, static_cast<uint64_t>(r));
+  }
+
+  int64_t operator()(int64_t position) const {
+    uint64_t x = static_cast<uint64_t>(position);
+    do {
+      x = encrypt(x);
+    } while (x >= n_);
+    return static_cast<int64_t>(x);
+  }
+
+ private:
+  static constexpr int kRounds = 6;  // 3 full swaps: enough mixing for a data order
+
+  uint64_t encrypt(uint64_t x) const {
+    uint64_t left = x >> half_bits_;
+    uint64_t right = x & mask_;
+    for (uint64_t key : round_keys_) {
+      const uint64_t next = left ^ (hash_of(key, right) & mask_);
+      left = right;
+      right = next;
+    }
+    return (left << half_bits_) | right;
+  }
+
+  uint64_t n_;
+  int half_bits_ = 1;  // at least one bit per half, so n = 1 and n = 2 work too
+  uint64_t mask_ = 0;
+  std::array<uint64_t, kRounds> round_keys_{};
+};
+
+// ---------------------------------------------------------------------------
+// Formatting for describe().
+
+std::string with_commas(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+std::string human_bytes(uint64_t n) {
+  if (n < 1000) return format("{} B", n);
+  constexpr std::array<const char*, 4> kUnits = {"KB", "MB", "GB", "TB"};
+  double v = static_cast<double>(n);
+  size_t unit = 0;
+  for (v /= 1000; v >= 1000 && unit + 1 < kUnits.size(); v /= 1000) ++unit;
+  return format("{:.1f} {}", v, kUnits[unit]);
+}
+
+// ---------------------------------------------------------------------------
+// Rows.
+
+void check_row(const Tensor& row, DType dtype, int64_t numel, std::string_view what, std::string_view dataset) {
+  ST_CHECK(row.defined() && row.dtype() == dtype && row.numel() == numel,
+           "{} dataset: {} row must be {} with {} elements, got {}", dataset, what, dtype, numel,
+           row.defined() ? row.str() : std::string("an undefined tensor"));
+}
+
+// ---------------------------------------------------------------------------
+// A read-only memory map of a whole non-empty file: token files can be far
+// larger than memory, and only the sampled windows are ever paged in.
+
+class MappedFile {
+ public:
+  MappedFile(const fs::path& path, std::string_view what) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ST_CHECK(fd >= 0, "cannot open {} file '{}': {}", what, path.string(), errno_text());
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const std::string reason = errno_text();
+      ::close(fd);
+      ST_FAIL("cannot stat {} file '{}': {}", what, path.string(), reason);
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      const std::string reason = p == MAP_FAILED ? errno_text() : std::string();
+      ::close(fd);  // the mapping keeps the file alive
+      ST_CHECK(p != MAP_FAILED, "cannot map {} file '{}' ({} bytes): {}", what, path.string(), size_, reason);
+      data_ = static_cast<const unsigned char*>(p);
+    } else {
+      ::close(fd);
+    }
+  }
+  MappedFile(MappedFile&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  MappedFile& operator=(MappedFile&&) = delete;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), size_);
+  }
+
+  const unsigned char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  static std::string errno_text() { return std::error_code(errno, std::generic_category()).message(); }
+
+  const unsigned char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+uint32_t read_u32_le(const unsigned char* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
+}
+
+uint32_t read_token(const unsigned char* p, int width) {
+  return width == 2 ? static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 : read_u32_le(p);
+}
+
+/// Samples of seq_len + 1 tokens, tiled with stride seq_len, that fit in n tokens.
+int64_t windows_in(int64_t n, int64_t seq_len) { return n > seq_len ? (n - 1) / seq_len : 0; }
+
+// ---------------------------------------------------------------------------
+// synthetic
+
+// The chain runs over min(V, kSyntheticActiveTokens) states, each shown as a
+// seeded token id spread over the whole vocabulary. Each state may be followed
+// only by its kSyntheticSuccessors successors, which the seed picks; a sample
+// is a walk from a random start that picks one of them per step. The small
+// state set is what makes a large vocabulary learnable in a short run: the
+// unigram loss drops to ln(1024) within steps, and a model that learns the
+// edge table gets to about ln(4).
+class SyntheticDataset final : public Dataset {
+ public:
+  SyntheticDataset(uint64_t seed, int64_t vocab_size, int64_t seq_len)
+      : seed_(seed),
+        edges_key_(stream_key(seed, Stream::ChainEdges)),
+        walk_key_(stream_key(seed, Stream::ChainWalk)),
+        states_(static_cast<uint64_t>(std::min(vocab_size, kSyntheticActiveTokens))),
+        token_of_(stream_key(seed, Stream::ChainTokens), vocab_size),
+        vocab_(vocab_size),
+        seq_len_(seq_len) {}
+
+  int64_t size() const override { return kSyntheticSamples; }
+
+  void get(int64_t index, const Tensor& input_row, const Tensor& target_row) const override {
+    check_row(input_row, DType::I32, seq_len_, "input", "synthetic");
+    check_row(target_row, DType::I32, seq_len_, "target", "synthetic");
+    std::span<int32_t> in = input_row.span<int32_t>();
+    std::span<int32_t> tgt = target_row.span<int32_t>();
+    const uint64_t walk = hash_of(walk_key_, static_cast<uint64_t>(index));
+    uint64_t state = hash_of(walk, 0) % states_;
+    int32_t token = static_cast<int32_t>(token_of_(static_cast<int64_t>(state)));
+    for (int64_t k = 0; k < seq_len_; ++k) {
+      in[k] = token;
+      const uint64_t choice = hash_of(walk, static_cast<uint64_t>(k) + 1) % kSyntheticSuccessors;
+      state = hash_of(edges_key_, state * kSyntheticSuccessors + choice) % states_;
+      token = static_cast<int32_t>(token_of_(static_cast<int64_t>(state)));
+      tgt[k] = token;
+    }
+  }
+
+  std::string describe() const override {
+    return format(
+        "synthetic: seeded Markov chain over {} of {} tokens ({} successors each), {} samples of {} tokens (seed {})",
+        with_commas(static_cast<int64_t>(states_)), with_commas(vocab_), kSyntheticSuccessors, with_commas(size()),
+        seq_len_, seed_);
+  }
+
+ private:
+  uint64_t seed_;
+  uint64_t edges_key_;
+  uint64_t walk_key_;
+  uint64_t states_;
+  Permutation token_of_;  // state -> token id
+  int64_t vocab_;
+  int64_t seq_len_;
+};
+
+// ---------------------------------------------------------------------------
+// text
+
+class TextDataset final : public Dataset {
+ public:
+  TextDataset(const std::string& path, int64_t vocab_size, int64_t seq_len)
+      : path_(path), file_(open_text(path, vocab_size, seq_len)), seq_len_(seq_len) {}
+
+  int64_t size() const override { return windows_in(static_cast<int64_t>(file_.size()), seq_len_); }
+
+  void get(int64_t index, const Tensor& input_row, const Tensor& target_row) const override {
+    check_row(input_row, DType::I32, seq_len_, "input", "text");
+    check_row(target_row, DType::I32, seq_len_, "target", "text");
+    std::span<int32_t> in = input_row.span<int32_t>();
+    std::span<int32_t> tgt = target_row.span<int32_t>();
+    const unsigned char* window = file_.data() + index * seq_len_;
+    for (int64_t k = 0; k < seq_len_; ++k) {
+      in[k] = window[k];
+      tgt[k] = window[k + 1];
+    }
+  }
+
+  std::string describe() const override {
+    return format("text {}: {}, {} samples of {} tokens (bytes, vocab 256)", path_, human_bytes(file_.size()),
+                  with_commas(size()), seq_len_);
+  }
+
+ private:
+  static MappedFile open_text(const std::string& path, int64_t vocab_size, int64_t seq_len) {
+    ST_CHECK(vocab_size >= 256,
+             "data.kind text uses byte-level tokens (256 values) but model.vocab_size is {}; set model.vocab_size "
+             "to at least 256",
+             vocab_size);
+    ST_CHECK(fs::exists(path), "text file '{}' (data.path) does not exist", path);
+    ST_CHECK(!fs::is_directory(path), "text file '{}' (data.path) is a directory; data.kind text reads one file", path);
+    MappedFile file(path, "text");
+    ST_CHECK(file.size() > 0, "text file '{}' is empty", path);
+    ST_CHECK(windows_in(static_cast<int64_t>(file.size()), seq_len) > 0,
+             "text file '{}' has {} bytes, too short for one sample: train.seq_len {} needs at least {} bytes", path,
+             file.size(), seq_len, seq_len + 1);
+    return file;
+  }
+
+  std::string path_;
+  MappedFile file_;
+  int64_t seq_len_;
+};
+
+// ---------------------------------------------------------------------------
+// tokens
+
+constexpr uint32_t kMagicGpt2 = 20240520;    // llm.c: uint16 tokens
+constexpr uint32_t kMagicLlama3 = 20240801;  // llm.c: uint32 tokens
+constexpr size_t kHeaderBytes = 256 * sizeof(int32_t);
+
+struct TokenShard {
+  std::string path;
+  MappedFile file;
+  size_t data_offset = 0;  // bytes before the first token (the llm.c header)
+  int width = 2;           // bytes per token
+  int64_t num_tokens = 0;
+  std::string layout;  // "llm.c v1 uint16", "uint16", ...
+};
+
+TokenShard open_shard(const fs::path& path, TokenDType headerless_dtype) {
+  TokenShard shard{path.string(), MappedFile(path, "tokens"), 0, 2, 0, ""};
+  const std::string& name = shard.path;
+  const size_t bytes = shard.file.size();
+  ST_CHECK(bytes > 0, "tokens file '{}' is empty", name);
+
+  if (bytes >= kHeaderBytes) {
+    const unsigned char* h = shard.file.data();
+    const uint32_t magic = read_u32_le(h);
+    const uint32_t version = read_u32_le(h + 4);
+    const int64_t count = static_cast<int32_t>(read_u32_le(h + 8));
+    if (magic == kMagicGpt2 || magic == kMagicLlama3) {
+      const int width = magic == kMagicGpt2 ? 2 : 4;
+      ST_CHECK(count >= 0, "tokens file '{}': its llm.c header (magic {}) gives a negative token count {}", name, magic,
+               count);
+      const uint64_t expected = kHeaderBytes + static_cast<uint64_t>(count) * static_cast<uint64_t>(width);
+      ST_CHECK(bytes == expected,
+               "tokens file '{}' has {} bytes, but its llm.c header (magic {}, {} uint{} tokens) means {} bytes "
+               "(1024 + {} x {}); the file is truncated or the header is wrong",
+               name, bytes, magic, count, 8 * width, expected, count, width);
+      shard.data_offset = kHeaderBytes;
+      shard.width = width;
+      shard.num_tokens = count;
+      shard.layout = format("llm.c v{} uint{}", version, 8 * width);
+      return shard;
+    }
+    // A header whose token count matches the file size cannot be chance: this
+    // is an llm.c shard of a kind we do not know, not headerless tokens, and
+    // reading its header as tokens would train on garbage.
+    const uint64_t body = bytes - kHeaderBytes;
+    ST_CHECK(count <= 0 || (body != static_cast<uint64_t>(count) * 2 && body != static_cast<uint64_t>(count) * 4),
+             "tokens file '{}' has an llm.c header (its token count {} matches the file size) with bad magic {}; "
+             "expected {} (uint16 tokens) or {} (uint32 tokens)",
+             name, count, magic, kMagicGpt2, kMagicLlama3);
+  }
+
+  const int width = headerless_dtype == TokenDType::U16 ? 2 : 4;
+  ST_CHECK(bytes % static_cast<size_t>(width) == 0,
+           "tokens file '{}' has {} bytes, not a multiple of {} (data.token_dtype: {} tokens)", name, bytes, width,
+           to_string(headerless_dtype));
+  shard.width = width;
+  shard.num_tokens = static_cast<int64_t>(bytes / static_cast<size_t>(width));
+  shard.layout = std::string(to_string(headerless_dtype));
+  return shard;
+}
+
+class TokensDataset final : public Dataset {
+ public:
+  TokensDataset(const std::string& path, TokenDType headerless_dtype, int64_t vocab_size, int64_t seq_len)
+      : path_(path), vocab_(vocab_size), seq_len_(seq_len) {
+    ST_CHECK(fs::exists(path), "tokens path '{}' (data.path) does not exist", path);
+    std::vector<fs::path> files;
+    if (fs::is_directory(path)) {
+      for (const fs::directory_entry& entry : fs::directory_iterator(path))
+        if (entry.is_regular_file() && entry.path().extension() == ".bin") files.push_back(entry.path());
+      std::sort(files.begin(), files.end());
+      ST_CHECK(!files.empty(), "tokens directory '{}' (data.path) has no *.bin files", path);
+    } else {
+      files.push_back(path);
+    }
+
+    first_sample_.push_back(0);
+    int64_t longest = 0;
+    for (const fs::path& f : files) {
+      shards_.push_back(open_shard(f, headerless_dtype));
+      longest = std::max(longest, shards_.back().num_tokens);
+      first_sample_.push_back(first_sample_.back() + windows_in(shards_.back().num_tokens, seq_len_));
+    }
+    if (files.size() == 1) {
+      ST_CHECK(size() > 0,
+               "tokens file '{}' has {} tokens, too short for one sample: train.seq_len {} needs at least {} tokens",
+               path, longest, seq_len_, seq_len_ + 1);
+    }
+    ST_CHECK(size() > 0,
+             "no file in tokens directory '{}' is long enough for one sample: the longest has {} tokens and "
+             "train.seq_len {} needs at least {}",
+             path, longest, seq_len_, seq_len_ + 1);
+  }
+
+  int64_t size() const override { return first_sample_.back(); }
+
+  void get(int64_t index, const Tensor& input_row, const Tensor& target_row) const override {
+    check_row(input_row, DType::I32, seq_len_, "input", "tokens");
+    check_row(target_row, DType::I32, seq_len_, "target", "tokens");
+    std::span<int32_t> in = input_row.span<int32_t>();
+    std::span<int32_t> tgt = target_row.span<int32_t>();
+    // Shards with no whole window repeat their start, so take the last match.
+    const size_t s = static_cast<size_t>(std::upper_bound(first_sample_.begin(), first_sample_.end(), index) -
+                                         first_sample_.begin() - 1);
+    const TokenShard& shard = shards_[s];
+    const size_t first_byte = shard.data_offset + static_cast<size_t>((index - first_sample_[s]) * seq_len_) *
+                                                      static_cast<size_t>(shard.width);
+    for (int64_t k = 0; k <= seq_len_; ++k) {
+      const size_t offset = first_byte + static_cast<size_t>(k) * static_cast<size_t>(shard.width);
+      const uint32_t token = read_token(shard.file.data() + offset, shard.width);
+      // Checked here, not on load: a scan of every token of a large corpus at start-up would cost more than it saves.
+      ST_CHECK(token < static_cast<uint64_t>(vocab_),
+               "tokens file '{}': token {} at byte offset {} is >= model.vocab_size ({})", shard.path, token, offset,
+               vocab_);
+      if (k < seq_len_) in[k] = static_cast<int32_t>(token);
+      if (k > 0) tgt[k - 1] = static_cast<int32_t>(token);
+    }
+  }
+
+  std::string describe() const override {
+    int64_t tokens = 0;
+    uint64_t bytes = 0;
+    std::vector<std::string> formats;
+    for (const TokenShard& s : shards_) {
+      tokens += s.num_tokens;
+      bytes += s.file.size();
+      if (std::find(formats.begin(), formats.end(), s.layout) == formats.end()) formats.push_back(s.layout);
+    }
+    std::string kinds;
+    for (const std::string& f : formats) kinds += (kinds.empty() ? "" : ", ") + f;
+    const std::string files = shards_.size() == 1 ? std::string() : format("{} files, ", shards_.size());
+    return format("tokens {}: {}{}, {} {} tokens, {} samples of {} tokens", path_, files, human_bytes(bytes),
+                  with_commas(tokens), kinds, with_commas(size()), seq_len_);
+  }
+
+ private:
+  std::string path_;
+  int64_t vocab_;
+  int64_t seq_len_;
+  std::vector<TokenShard> shards_;
+  std::vector<int64_t> first_sample_;  // prefix sums of samples per shard; back() is size()
+};
+
+// ---------------------------------------------------------------------------
+// toy
+
+class ToyDataset final : public Dataset {
+ public:
+  explicit ToyDataset(uint64_t seed)
+      : seed_(seed), inputs_key_(stream_key(seed, Stream::ToyInputs)), teacher_(toy_teacher(seed)) {}
+
+  int64_t size() const override { return kToySamples; }
+
+  void get(int64_t index, const Tensor& input_row, const Tensor& target_row) const override {
+    check_row(input_row, DType::F32, kToyInputs, "input", "toy");
+    check_row(target_row, DType::F32, kToyOutputs, "target", "toy");
+    std::span<float> x = input_row.span<float>();
+    std::span<float> y = target_row.span<float>();
+    const uint64_t sample = hash_of(inputs_key_, static_cast<uint64_t>(index));
+    for (int64_t j = 0; j < kToyInputs; ++j) x[j] = unit_float(hash_of(sample, static_cast<uint64_t>(j)));
+    for (int64_t o = 0; o < kToyOutputs; ++o) {
+      float acc = teacher_.bias[o];
+      for (int64_t j = 0; j < kToyInputs; ++j) acc += teacher_.weight[o * kToyInputs + j] * x[j];
+      y[o] = acc;
+    }
+  }
+
+  std::string describe() const override {
+    return format("toy: {} samples of {} uniform [0, 1) features -> {} targets of a fixed linear teacher (seed {})",
+                  with_commas(size()), kToyInputs, kToyOutputs, seed_);
+  }
+
+ private:
+  uint64_t seed_;
+  uint64_t inputs_key_;
+  ToyTeacher teacher_;
+};
+
+}  // namespace
+
+ToyTeacher toy_teacher(uint64_t seed) {
+  // Entries in [-0.5, 0.5): targets of inputs in [0, 1) stay of order 1, so
+  // the tutorial's learning rates work unchanged.
+  ToyTeacher t;
+  const uint64_t w_key = stream_key(seed, Stream::ToyTeacherW);
+  const uint64_t b_key = stream_key(seed, Stream::ToyTeacherB);
+  for (int64_t i = 0; i < kToyOutputs * kToyInputs; ++i)
+    t.weight.push_back(unit_float(hash_of(w_key, static_cast<uint64_t>(i))) - 0.5f);
+  for (int64_t o = 0; o < kToyOutputs; ++o)
+    t.bias.push_back(unit_float(hash_of(b_key, static_cast<uint64_t>(o))) - 0.5f);
+  return t;
+}
+
+std::unique_ptr<Dataset> make_dataset(const Config& config) {
+  const DataConfig& data = config.data;
+  const uint64_t seed = config.train.seed;
+  if (config.model.name == "toy") {
+    ST_CHECK(data.kind == DataKind::Synthetic,
+             "model.name toy trains on seeded random features, so data.kind must be synthetic (got {})",
+             to_string(data.kind));
+    return std::make_unique<ToyDataset>(seed);
+  }
+
+  const int64_t seq_len = config.train.seq_len;
+  const int64_t vocab = config.model.vocab_size;
+  ST_CHECK(seq_len > 0, "invalid value {} for 'train.seq_len': expected a positive integer", seq_len);
+  // Tokens travel as I32.
+  ST_CHECK(vocab > 0 && vocab <= std::numeric_limits<int32_t>::max(),
+           "invalid value {} for 'model.vocab_size': expected 1 to {} (tokens are int32)", vocab,
+           std::numeric_limits<int32_t>::max());
+  switch (data.kind) {
+    case DataKind::Synthetic: return std::make_unique<SyntheticDataset>(seed, vocab, seq_len);
+    case DataKind::Text: return std::make_unique<TextDataset>(data.path, vocab, seq_len);
+    case DataKind::Tokens: return std::make_unique<TokensDataset>(data.path, data.token_dtype, vocab, seq_len);
+  }
+  ST_FAIL("unknown data.kind {}", static_cast<int>(data.kind));
+}
+
+// ---------------------------------------------------------------------------
+// Sampler.
+
+std::vector<int64_t> sample_indices(uint64_t seed, int64_t dataset_size, int64_t first, int64_t count) {
+  ST_CHECK(dataset_size > 0, "sample_indices: the dataset is empty");
+  ST_CHECK(first >= 0 && count >= 0, "sample_indices: positions [{}, {} + {}) must be non-negative", first, first,
+           count);
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(count));
+  const uint64_t order_key = stream_key(seed, Stream::Order);
+  int64_t epoch = first / dataset_size;
+  int64_t offset = first % dataset_size;
+  Permutation perm(hash_of(order_key, static_cast<uint64_t>(epoch)), dataset_size);
+  for (int64_t i = 0; i < count; ++i) {
+    if (offset == dataset_size) {
+      offset = 0;
+      ++epoch;
+      perm = Permutation(hash_of(order_key, static_cast<uint64_t>(epoch)), dataset_size);
+    }
+    out.push_back(perm(offset++));
+  }
+  return out;
+}
+
+std::vector<int64_t> rank_batch_indices(uint64_t seed, int64_t dataset_size, int64_t consumed, int64_t global_batch,
+                                        int rank, int world) {
+  ST_CHECK(world > 0 && rank >= 0 && rank < world, "rank_batch_indices: rank {} is not in a world of {}", rank, world);
+  ST_CHECK(global_batch > 0 && global_batch % world == 0,
+           "train.global_batch_size ({}) must be a positive multiple of the world size ({}) so every rank gets the "
+           "same number of samples",
+           global_batch, world);
+  const int64_t per_rank = global_batch / world;
+  return sample_indices(seed, dataset_size, consumed + rank * per_rank, per_rank);
+}
+
+void load_batch(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs, const Tensor& targets) {
+  const int64_t rows = static_cast<int64_t>(indices.size());
+  ST_CHECK(inputs.defined() && inputs.dim() >= 1 && inputs.size(0) == rows,
+           "load_batch: inputs {} must have {} rows, one per sample index", inputs.str(), rows);
+  ST_CHECK(targets.defined() && targets.dim() >= 1 && targets.size(0) == rows,
+           "load_batch: targets {} must have {} rows, one per sample index", targets.str(), rows);
+  // Datasets write through CPU spans; a device batch is filled on the host and copied once.
+  const Tensor in = inputs.device().is_cpu() ? inputs : Tensor::empty(inputs.shape(), inputs.dtype());
+  const Tensor tgt = targets.device().is_cpu() ? targets : Tensor::empty(targets.shape(), targets.dtype());
+  const Shape in_row(in.shape().begin() + 1, in.shape().end());
+  const Shape tgt_row(tgt.shape().begin() + 1, tgt.shape().end());
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t index = indices[static_cast<size_t>(i)];
+    ST_CHECK(index >= 0 && index < dataset.size(), "load_batch: sample index {} is outside the dataset [0, {})", index,
+             dataset.size());
+    dataset.get(index, in.narrow0(i, 1).view(in_row), tgt.narrow0(i, 1).view(tgt_row));
+  }
+  if (!in.shares_storage_with(inputs)) inputs.copy_from(in);
+  if (!tgt.shares_storage_with(targets)) targets.copy_from(tgt);
+}
+
+}  // namespace st::launch

@@ -30,9 +30,45 @@ class Dataset {
   virtual std::string describe() const = 0;
 };
 
+/// Samples per epoch of the generated datasets: synthetic token sequences
+/// (large enough that a short run never repeats one) and toy features.
+inline constexpr int64_t kSyntheticSamples = int64_t{1} << 20;
+inline constexpr int64_t kToySamples = 4096;
+/// The synthetic Markov chain: at most kSyntheticActiveTokens distinct tokens
+/// (seeded ids anywhere in the vocabulary), each with kSyntheticSuccessors
+/// possible successors, so the best possible loss is about ln(4) = 1.39 nats
+/// per token instead of ln(vocab_size).
+inline constexpr int64_t kSyntheticActiveTokens = 1024;
+inline constexpr int kSyntheticSuccessors = 4;
+/// Toy sample widths: inputs [16] -> targets [8] (the DCP tutorial's model).
+inline constexpr int64_t kToyInputs = 16;
+inline constexpr int64_t kToyOutputs = 8;
+
+/// The toy dataset's fixed teacher, drawn from `seed`: targets = weight x + bias
+/// exactly (no noise), so the toy model's MSE can fall towards 0.
+struct ToyTeacher {
+  std::vector<float> weight;  // (kToyOutputs, kToyInputs), row-major
+  std::vector<float> bias;    // (kToyOutputs)
+};
+ToyTeacher toy_teacher(uint64_t seed);
+
 /// Builds the dataset for `data.*` and the model: synthetic/text/tokens for
 /// LLaMA (seq_len from train.seq_len), seeded random features for the toy
 /// model. Bad files are errors naming the file and what is wrong.
+///
+/// synthetic: sample i of seed s is a walk of seq_len + 1 tokens through a
+///   sparse Markov chain chosen by s (see kSyntheticActiveTokens), a function
+///   of (s, i) alone.
+/// text: the file's bytes are the tokens (vocab 256); sample i is bytes
+///   [i*seq_len, i*seq_len + seq_len + 1), so samples tile the file and
+///   (len - 1) / seq_len of them fit.
+/// tokens: a file or a directory of *.bin files (sorted by name). A file is an
+///   llm.c shard when it starts with a 1024-byte header of int32 (magic
+///   20240520: uint16 tokens, 20240801: uint32 tokens; version; token count),
+///   else headerless tokens of width data.token_dtype. Samples are tiled as for
+///   text within each file and never cross a file boundary; a token >=
+///   model.vocab_size is an error when its sample is read.
+/// toy (model.name toy): inputs uniform in [0, 1), targets from toy_teacher(seed).
 std::unique_ptr<Dataset> make_dataset(const Config& config);
 
 /// Sample indices (into the dataset) of the `count` samples at positions
@@ -42,11 +78,10 @@ std::vector<int64_t> sample_indices(uint64_t seed, int64_t dataset_size, int64_t
 
 /// This rank's part of the global batch that starts at `consumed` samples:
 /// the dataset indices for rank `rank` of `world` (global_batch divisible by world).
-std::vector<int64_t> rank_batch_indices(uint64_t seed, int64_t dataset_size, int64_t consumed,
-                                        int64_t global_batch, int rank, int world);
+std::vector<int64_t> rank_batch_indices(uint64_t seed, int64_t dataset_size, int64_t consumed, int64_t global_batch,
+                                        int rank, int world);
 
 /// Fills inputs [B, ...] and targets [B, ...] with the samples `indices` (B = indices.size()).
-void load_batch(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs,
-                const Tensor& targets);
+void load_batch(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs, const Tensor& targets);
 
 }  // namespace st::launch

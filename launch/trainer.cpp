@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "launch/cli.h"
 #include "launch/self_check.h"
+#include "launch/train.h"
 
 namespace {
 
@@ -46,23 +47,16 @@ int run(const std::vector<std::string>& argv) {
             world.size(), world.backend_name(), st::cuda::device_count(),
             st::cuda::compiled_with_cuda() ? "built in" : "not built");
   log.debug("local rank {}/{}", info.local_rank, info.local_size);
-  if (config.model.name == "toy") {
-    log.info0("model toy | {} steps | global batch {} | sharding {}", config.train.steps,
-              config.train.global_batch_size, st::to_string(config.fsdp.sharding_strategy));
-  } else {
-    log.info0("model {} | {} steps | global batch {} x {} tokens | sharding {}", config.model.name,
-              config.train.steps, config.train.global_batch_size, config.train.seq_len,
-              st::to_string(config.fsdp.sharding_strategy));
+  if (args.self_check) {
+    st::launch::SelfCheckReport report = st::launch::run_self_check(world, log, int64_t{16} << 20);
+    if (!report.passed()) {
+      log.error("collective self-check FAILED (see the table above)");
+      return 1;
+    }
+    log.info0("collective self-check passed: {} checks, 0 wrong elements", report.checks.size());
+    return 0;
   }
-
-  // The training loop arrives with the models issue; until then the main job
-  // proves the launch: every collective on every dtype, with known answers.
-  st::launch::SelfCheckReport report = st::launch::run_self_check(world, log, int64_t{16} << 20);
-  if (!report.passed()) {
-    log.error("collective self-check FAILED (see the table above)");
-    return 1;
-  }
-  log.info0("collective self-check passed: {} checks, 0 wrong elements", report.checks.size());
+  st::launch::train(config, world, log);
   return 0;
 }
 

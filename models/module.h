@@ -40,6 +40,8 @@ struct Parameter {
   bool weight_decay = false;  // true for parameters with two or more dimensions
   Tensor value;               // the weights used by forward/backward (any float dtype)
   Tensor grad;                // same shape as value; backward accumulates into it
+  std::string fqn;            // full name once known (set by the model's constructor and by
+                              // allocate/bind/init below); error messages name it
 };
 
 class Module;
@@ -76,6 +78,10 @@ class Module {
   const std::vector<std::pair<std::string, Module*>>& children() const { return children_; }
   /// This module's own parameters in registration order (not the children's).
   const std::vector<Parameter*>& own_parameters() const { return own_params_; }
+  /// Parameters this module uses but does not own (tied weights, see
+  /// share_parameter); they have no FQN under this module. A shard unit that
+  /// holds this module must also hold (or see gathered) their owner.
+  const std::vector<Parameter*>& shared_parameters() const { return shared_params_; }
   /// Every parameter of the subtree as (FQN, parameter), depth first in
   /// registration order: own parameters, then each child's. `prefix` is this
   /// module's FQN ("" for the root).
@@ -133,10 +139,21 @@ std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> bind_parameters
                                                                                       const Tensor& flat_value,
                                                                                       const Tensor& flat_grad);
 
+/// Sets every parameter's `fqn` from named_parameters() (shared parameters keep
+/// their owner's name). The models call it in their constructors.
+void assign_fqns(Module& root);
+
 /// Fills out[0 .. n) with elements [begin, begin + n) of the initial value of
 /// parameter `fqn` (full shape p.shape) for `seed`. Each element depends only
 /// on (seed, fqn, flat index): any rank can initialise any slice, and a
 /// sharded run starts from exactly the weights of an unsharded one.
+///
+/// The generator is counter based (splitmix64 over a key made from the seed
+/// and the FNV-1a hash of the FQN, then over the element index), with one
+/// Box-Muller normal per element. The weights therefore follow PyTorch's
+/// initialisers *in distribution* (normal(0, std), uniform(-a, a)), never in
+/// values: torch.manual_seed(s) gives other numbers. Values are computed in
+/// double and written in out's dtype (rounded to nearest even for BF16).
 void init_parameter_slice(const Parameter& p, std::string_view fqn, uint64_t seed, int64_t begin,
                           const Tensor& out);
 /// init_parameter_slice over every parameter's whole value.

@@ -24,8 +24,8 @@ struct ParamRange {
 };
 
 struct Segment {
-  Tensor param;                   // F32 [n], updated in place
-  Tensor grad;                    // F32 [n], read only
+  Tensor param;                    // F32 [n], updated in place
+  Tensor grad;                     // F32 [n], read only
   std::vector<ParamRange> ranges;  // sorted, non-overlapping, inside [0, n)
 };
 
@@ -55,7 +55,14 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config);
 
 /// Learning rate at step `step` (0-based: the step about to be taken) of a run
 /// of `total_steps`: linear warmup from lr/warmup to lr over warmup_steps, then
-/// constant, cosine or linear decay to min_lr at the last step.
+/// constant, cosine or linear decay to min_lr at the last step. Exactly, with
+/// W = warmup_steps:
+///   step < W:  lr * (step + 1) / W   (lr / W at step 0, lr at step W - 1)
+///   step >= W: progress = min(1, (step - W) / max(1, total_steps - W - 1));
+///              constant lr; cosine min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi * progress));
+///              linear lr + (min_lr - lr) * progress.
+/// Step W takes lr and step total_steps - 1 takes min_lr (when the decay spans
+/// two or more steps); later steps stay at min_lr. Throws for total_steps < 1 or step < 0.
 double learning_rate(const OptimConfig& config, int64_t step, int64_t total_steps);
 
 /// Sum of squares of the gradient over the segment's ranges (padding excluded), in double.

@@ -1,1 +1,98 @@
-// being written (issue 3)
+// SGD with momentum as torch.optim.SGD in PyTorch 1.13 (single-tensor path,
+// dampening 0, nesterov and maximize off), element by element over ranges:
+//
+//   d    = g + weight_decay * p            (decay ranges only; torch: g.add(p, alpha=wd))
+//   buf  = d                               (first step: torch clones d)
+//   buf  = momentum * buf + d              (later steps: buf.mul_(momentum).add_(d))
+//   p   += -lr * buf                       (torch: p.add_(buf, alpha=-lr))
+//
+// See kernel.h for the F32 rounding.
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "optim/kernel.h"
+
+namespace st::optim::detail {
+namespace {
+
+enum class MomentumInit : uint8_t { Copy, Accumulate };
+
+ST_OPTIM_KERNEL void sgd_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
+                                float weight_decay, float momentum, float neg_lr, MomentumInit init) {
+  for (int64_t i = 0; i < n; ++i) {
+    // torch skips the add when weight_decay is 0 (adding 0 * p would turn an
+    // infinite p into NaN and -0 into +0).
+    const float d = weight_decay != 0.0f ? std::fma(p[i], weight_decay, g[i]) : g[i];
+    float b = d;
+    if (init == MomentumInit::Accumulate) {
+      const float scaled = momentum * buf[i];
+      b = scaled + d;
+    }
+    buf[i] = b;
+    p[i] = std::fma(b, neg_lr, p[i]);
+  }
+}
+
+class Sgd final : public Optimizer {
+ public:
+  explicit Sgd(const OptimConfig& config) : momentum_(config.momentum), weight_decay_(config.weight_decay) {
+    ST_CHECK(momentum_ >= 0 && std::isfinite(momentum_), "optim.momentum must be a finite number >= 0, got {}",
+             momentum_);
+  }
+
+  size_t add_segment(Segment segment) override {
+    validate_segment(segment);
+    Tensor buffer = Tensor::zeros({segment.param.numel()}, DType::F32);
+    slots_.push_back({std::move(segment), std::move(buffer)});
+    return slots_.size() - 1;
+  }
+
+  void step(double lr) override {
+    validate_lr(lr);
+    ++step_;
+    // torch creates the buffer as a copy of d on the first step; with momentum
+    // 0 it keeps no buffer and steps along d itself, which Copy reproduces.
+    const MomentumInit init = (step_ == 1 || momentum_ == 0) ? MomentumInit::Copy : MomentumInit::Accumulate;
+    const auto momentum = static_cast<float>(momentum_);
+    const auto neg_lr = static_cast<float>(-lr);
+    const auto decay = static_cast<float>(weight_decay_);
+    for (Slot& slot : slots_) {
+      float* p = slot.segment.param.data<float>();
+      const float* g = slot.segment.grad.data<float>();
+      float* buf = slot.momentum_buffer.data<float>();
+      for (const ParamRange& r : slot.segment.ranges) {
+        sgd_kernel(p + r.offset, g + r.offset, buf + r.offset, r.numel, r.weight_decay ? decay : 0.0f, momentum, neg_lr,
+                   init);
+      }
+    }
+  }
+
+  std::vector<std::pair<std::string, Tensor>> state(size_t i) const override {
+    ST_CHECK(i < slots_.size(), "SGD state: segment {} does not exist ({} registered)", i, slots_.size());
+    return {{"momentum_buffer", slots_[i].momentum_buffer}};
+  }
+
+  int64_t state_bytes() const override {
+    int64_t bytes = 0;
+    for (const Slot& slot : slots_) bytes += static_cast<int64_t>(slot.momentum_buffer.nbytes());
+    return bytes;
+  }
+
+ private:
+  struct Slot {
+    Segment segment;
+    Tensor momentum_buffer;  // F32 [n], zero outside ranges
+  };
+
+  double momentum_, weight_decay_;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_sgd(const OptimConfig& config) { return std::make_unique<Sgd>(config); }
+
+}  // namespace st::optim::detail

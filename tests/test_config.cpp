@@ -480,8 +480,8 @@ TEST(Config, ToYamlRoundTrips) {
 
 TEST(Config, ConfigKeysCoverEveryKeyOnce) {
   const std::vector<ConfigKeyDoc> keys = config_keys();
-  // 12 model + 6 train + 2 data + 11 optim + 11 fsdp + 8 checkpoint + 3 logging.
-  EXPECT_EQ(keys.size(), 53u);
+  // 12 model + 6 train + 3 data + 11 optim + 11 fsdp + 8 checkpoint + 3 logging.
+  EXPECT_EQ(keys.size(), 54u);
   std::set<std::string> names;
   for (const ConfigKeyDoc& k : keys) {
     EXPECT_TRUE(names.insert(k.key).second) << "duplicate " << k.key;
@@ -509,6 +509,8 @@ TEST(Config, ConfigKeysCoverEveryKeyOnce) {
   EXPECT_EQ(find("checkpoint.async").type, "bool");
   EXPECT_EQ(find("data.path").type, "string");
   EXPECT_EQ(find("data.path").default_value, "\"\"");
+  EXPECT_EQ(find("data.token_dtype").type, "uint16 | uint32");
+  EXPECT_EQ(find("data.token_dtype").default_value, "uint16");
   EXPECT_EQ(find("fsdp.auto_wrap.module_types").type, "list of strings");
   EXPECT_EQ(find("fsdp.auto_wrap.module_types").default_value, "[DecoderLayer]");
   EXPECT_EQ(find("logging.level").type, "debug | info | warn | error");

@@ -1,0 +1,63 @@
+#include "launch/metrics.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/format.h"
+
+namespace st::launch {
+
+namespace {
+std::string seconds_str(double s) {
+  if (s < 120) return format("{:.1f}s", s);
+  if (s < 7200) return format("{}m{:.0f}s", static_cast<int64_t>(s / 60), std::fmod(s, 60.0));
+  return format("{}h{}m", static_cast<int64_t>(s / 3600), static_cast<int64_t>(std::fmod(s, 3600.0) / 60));
+}
+
+// 1234567 -> "1,234,567": throughput is easier to read grouped.
+std::string grouped(double v) {
+  std::string digits = std::to_string(static_cast<int64_t>(std::llround(v)));
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+}  // namespace
+
+std::string format_step_line(const StepMetrics& m) {
+  return format("step {}/{} | loss {:.4f} | lr {:.2e} | grad_norm {:.3f} | {} tok/s | elapsed {} | eta {}", m.step,
+                m.total_steps, m.loss, m.lr, m.grad_norm, grouped(m.tokens_per_s), seconds_str(m.elapsed_s),
+                seconds_str(m.eta_s));
+}
+
+std::string format_step_json(const StepMetrics& m) {
+  nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
+                      {"lr", m.lr},               {"grad_norm", m.grad_norm},
+                      {"tokens_per_s", m.tokens_per_s}, {"elapsed_s", m.elapsed_s},
+                      {"peak_bytes", m.peak_bytes}};
+  return j.dump();
+}
+
+MetricsFile::MetricsFile(const std::string& path) : path_(path) {
+  if (path.empty()) return;
+  file_ = std::fopen(path.c_str(), "a");
+  ST_CHECK(file_ != nullptr, "cannot open logging.metrics_file '{}': {}", path, std::strerror(errno));
+}
+
+MetricsFile::~MetricsFile() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsFile::append(const StepMetrics& m) {
+  if (!file_) return;
+  std::string line = format_step_json(m) + "\n";
+  ST_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0,
+           "cannot write logging.metrics_file '{}': {}", path_, std::strerror(errno));
+}
+
+}  // namespace st::launch

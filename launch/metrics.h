@@ -1,0 +1,41 @@
+#pragma once
+// Step metrics: the line rank 0 prints and the JSON object it appends to
+// `logging.metrics_file` (one per logged step).
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace st::launch {
+
+struct StepMetrics {
+  int64_t step = 0;         // 1-based step just completed
+  int64_t total_steps = 0;
+  double loss = 0;          // mean over the global batch
+  double lr = 0;            // learning rate used by this step
+  double grad_norm = 0;     // global norm before clipping
+  double tokens_per_s = 0;  // all ranks together, over this step
+  double elapsed_s = 0;     // since the first step began
+  double eta_s = 0;         // estimated seconds to the end of the run
+  int64_t peak_bytes = 0;   // peak allocator bytes on this rank during the step
+};
+
+/// "step 5/20 | loss 5.1234 | lr 3.00e-04 | grad_norm 1.234 | 12,345 tok/s | elapsed 1.2s | eta 3.4s".
+std::string format_step_line(const StepMetrics& m);
+/// One JSON object (no newline) with keys step, loss, lr, grad_norm, tokens_per_s, elapsed_s, peak_bytes.
+std::string format_step_json(const StepMetrics& m);
+
+/// Appends JSON lines to a file; an empty path makes every call a no-op.
+class MetricsFile {
+ public:
+  explicit MetricsFile(const std::string& path);
+  ~MetricsFile();
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+  void append(const StepMetrics& m);
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace st::launch

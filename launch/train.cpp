@@ -1,0 +1,204 @@
+#include "launch/train.h"
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include "core/ops.h"
+#include "core/cuda/cuda_runtime.h"
+#include "launch/data.h"
+#include "launch/metrics.h"
+#include "models/model.h"
+#include "optim/optimizer.h"
+
+namespace st::launch {
+
+namespace {
+
+// PyTorch's default ignore_index; our datasets never produce it, but a
+// tokens file may use it for padding.
+constexpr int64_t kIgnoreIndex = -100;
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+Shape batch_shape(int64_t batch, const Shape& sample) {
+  Shape s{batch};
+  s.insert(s.end(), sample.begin(), sample.end());
+  return s;
+}
+
+// Elements of the global batch that take part in the loss, so every rank
+// scales its gradients by the same 1/count and the all_reduce SUM yields the
+// global mean gradient whatever the world size.
+int64_t global_loss_count(models::LossKind kind, const std::vector<Tensor>& targets, ProcessGroup& world) {
+  int64_t local = 0;
+  for (const Tensor& t : targets) {
+    if (kind == models::LossKind::Mse) {
+      local += t.numel();
+    } else {
+      for (int32_t v : t.span<int32_t>()) local += v != kIgnoreIndex;
+    }
+  }
+  ST_CHECK(local < (int64_t{1} << 31), "a rank's batch has {} loss elements; at most 2^31 are supported", local);
+  Tensor count = Tensor::from_vector(std::vector<int32_t>{static_cast<int32_t>(local)}, {1});
+  world.all_reduce(count).wait();
+  return count.data<int32_t>()[0];
+}
+
+void log_config(const Config& config, Logger& log) {
+  std::istringstream yaml(to_yaml(config));
+  log.info0("resolved configuration:");
+  for (std::string line; std::getline(yaml, line);) log.info0("  {}", line);
+}
+
+}  // namespace
+
+int64_t accumulation_steps(const TrainConfig& train, int world_size) {
+  const int64_t per_step = static_cast<int64_t>(world_size) * train.micro_batch_size;
+  ST_CHECK(train.global_batch_size % per_step == 0,
+           "train.global_batch_size ({}) must be divisible by world size ({}) x train.micro_batch_size ({}) = {}",
+           train.global_batch_size, world_size, train.micro_batch_size, per_step);
+  return train.global_batch_size / per_step;
+}
+
+TrainResult train(const Config& config, ProcessGroup& world, Logger& log) {
+  const TrainConfig& tc = config.train;
+  const int64_t accum = accumulation_steps(tc, world.size());
+  ST_CHECK(tc.device != DeviceKind::Cuda, "train.device: cuda training arrives with the CUDA backend; use cpu or auto");
+  if (tc.device == DeviceKind::Auto && cuda::device_count() > 0) {
+    log.warn0("train.device auto: a GPU is visible but training on it arrives with the CUDA backend; using the CPU");
+  }
+  if (config.fsdp.mixed_precision.param_dtype != PrecisionKind::F32 ||
+      config.fsdp.mixed_precision.reduce_dtype != PrecisionKind::F32) {
+    log.warn0("fsdp.mixed_precision: BF16 arrives with FSDP sharding; this build trains in F32");
+  }
+
+  std::unique_ptr<models::Model> model = models::build_model(config.model);
+  const int64_t n_params = model->num_parameters();
+
+  // The whole model lives in two flat F32 buffers, the layout the optimizer
+  // (and, later, FSDP's flat parameters) work on.
+  Tensor flat_param = Tensor::zeros({n_params}, DType::F32);
+  Tensor flat_grad = Tensor::zeros({n_params}, DType::F32);
+  auto layout = models::bind_parameters_flat(*model, flat_param, flat_grad);
+  models::init_parameters(*model, tc.seed);
+
+  std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(config.optim);
+  optim::Segment segment{flat_param, flat_grad, {}};
+  {
+    auto named = model->named_parameters();
+    for (size_t i = 0; i < named.size(); ++i) {
+      segment.ranges.push_back({named[i].first, layout[i].second.first, layout[i].second.second,
+                                named[i].second->weight_decay});
+    }
+  }
+  optimizer->add_segment(segment);
+
+  std::unique_ptr<Dataset> dataset = make_dataset(config);
+  MetricsFile metrics(world.rank() == 0 ? config.logging.metrics_file : std::string());
+
+  log.info0("model {}: {} parameters ({:.2f} M)", config.model.name, n_params, n_params / 1e6);
+  log.info0("data: {}", dataset->describe());
+  log.info0("{} rank(s), data parallel: global batch {} = {} rank(s) x {} micro-batch(es) x {} sample(s)",
+            world.size(), tc.global_batch_size, world.size(), accum, tc.micro_batch_size);
+  log_config(config, log);
+
+  const models::LossKind loss_kind = model->loss_kind();
+  const Shape in_shape = batch_shape(tc.micro_batch_size, model->sample_input_shape(tc.seq_len));
+  const Shape tgt_shape = batch_shape(tc.micro_batch_size, model->sample_target_shape(tc.seq_len));
+  const DType in_dtype = loss_kind == models::LossKind::CrossEntropy ? DType::I32 : DType::F32;
+  const double tokens_per_sample = loss_kind == models::LossKind::CrossEntropy ? static_cast<double>(tc.seq_len) : 1.0;
+
+  // Batch buffers are sized once; the step fills them in place.
+  std::vector<Tensor> inputs, targets;
+  for (int64_t m = 0; m < accum; ++m) {
+    inputs.push_back(Tensor::empty(in_shape, in_dtype));
+    targets.push_back(Tensor::empty(tgt_shape, in_dtype));
+  }
+
+  TrainResult result;
+  result.num_parameters = n_params;
+  int64_t consumed = 0;
+  const auto run_start = Clock::now();
+  double timed_seconds = 0;
+  for (int64_t step = 0; step < tc.steps; ++step) {
+    const auto step_start = Clock::now();
+    cpu_allocator().reset_peak();
+
+    std::vector<int64_t> mine =
+        rank_batch_indices(tc.seed, dataset->size(), consumed, tc.global_batch_size, world.rank(), world.size());
+    for (int64_t m = 0; m < accum; ++m) {
+      std::span<const int64_t> idx(mine.data() + m * tc.micro_batch_size, static_cast<size_t>(tc.micro_batch_size));
+      load_batch(*dataset, idx, inputs[static_cast<size_t>(m)], targets[static_cast<size_t>(m)]);
+    }
+    const int64_t count = global_loss_count(loss_kind, targets, world);
+    const float grad_scale = 1.0f / static_cast<float>(count);
+
+    flat_grad.zero_();
+    double local_loss_sum = 0;
+    for (int64_t m = 0; m < accum; ++m) {
+      const Tensor& x = inputs[static_cast<size_t>(m)];
+      const Tensor& y = targets[static_cast<size_t>(m)];
+      Tensor out = model->forward(x);
+      ops::LossSum loss;
+      if (loss_kind == models::LossKind::CrossEntropy) {
+        const int64_t vocab = out.size(-1);
+        Tensor logits = out.view({-1, vocab});  // (B*T, V); the gradient overwrites the logits
+        loss = ops::cross_entropy(logits, y.view({-1}), kIgnoreIndex, grad_scale, logits);
+        model->backward(out);
+      } else {
+        Tensor dout = Tensor::empty(out.shape(), out.dtype());
+        loss = ops::mse(out, y, grad_scale, dout);
+        model->backward(dout);
+      }
+      local_loss_sum += loss.sum;
+    }
+
+    // Data parallel: each rank's gradient is already scaled by 1/count, so
+    // the sum over ranks is the mean over the global batch.
+    Tensor loss_sum = Tensor::full({1}, local_loss_sum, DType::F32);
+    if (world.size() > 1) {
+      Work grads = world.all_reduce(flat_grad);
+      world.all_reduce(loss_sum).wait();
+      grads.wait();
+    }
+    const double loss = loss_sum.data<float>()[0] / static_cast<double>(count);
+    const double grad_norm = std::sqrt(optim::grad_sum_of_squares(segment));
+    const double clip = optim::clip_coefficient(grad_norm, config.optim.grad_clip);
+    ST_CHECK(std::isfinite(grad_norm), "step {}: the gradient norm is {} (loss {}); lower optim.lr or check the data",
+             step + 1, grad_norm, loss);
+    if (clip < 1.0) optim::scale_grad(segment, clip);
+    const double lr = optim::learning_rate(config.optim, step, tc.steps);
+    optimizer->step(lr);
+    consumed += tc.global_batch_size;
+
+    const double step_seconds = seconds_since(step_start);
+    if (step > 0) timed_seconds += step_seconds;  // the first step includes warm-up
+    result.losses.push_back(loss);
+    const double elapsed = seconds_since(run_start);
+    StepMetrics sm;
+    sm.step = step + 1;
+    sm.total_steps = tc.steps;
+    sm.loss = loss;
+    sm.lr = lr;
+    sm.grad_norm = grad_norm;
+    sm.tokens_per_s = tokens_per_sample * static_cast<double>(tc.global_batch_size) / step_seconds;
+    sm.elapsed_s = elapsed;
+    sm.eta_s = elapsed / static_cast<double>(step + 1) * static_cast<double>(tc.steps - step - 1);
+    sm.peak_bytes = cpu_allocator().stats().peak_bytes;
+    if ((step + 1) % config.logging.interval == 0 || step + 1 == tc.steps) {
+      log.info0("{}", format_step_line(sm));
+      metrics.append(sm);
+    }
+  }
+  if (tc.steps > 1) {
+    result.tokens_per_s = tokens_per_sample * static_cast<double>(tc.global_batch_size) * static_cast<double>(tc.steps - 1) /
+                          timed_seconds;
+  }
+  log.info0("done: {} steps, final loss {:.4f}, {:.0f} tokens/s (steps 2..{})", tc.steps,
+            result.losses.empty() ? 0.0 : result.losses.back(), result.tokens_per_s, tc.steps);
+  return result;
+}
+
+}  // namespace st::launch

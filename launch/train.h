@@ -1,0 +1,28 @@
+#pragma once
+// The training loop. Issue 3: plain data parallel (every rank holds the whole
+// model; gradients are summed with all_reduce after the local micro-batches).
+// The sharding issue replaces the gradient/parameter path with FSDP.
+#include <cstdint>
+#include <vector>
+
+#include "core/comm.h"
+#include "core/config.h"
+#include "core/log.h"
+
+namespace st::launch {
+
+struct TrainResult {
+  std::vector<double> losses;  // per completed step, mean over the global batch
+  double tokens_per_s = 0;     // mean throughput over the steps after the first
+  int64_t num_parameters = 0;
+};
+
+/// Runs `config.train.steps` optimizer steps on `world`. Collective: every
+/// rank calls it with the same config. Rank 0 logs and writes metrics.
+TrainResult train(const Config& config, ProcessGroup& world, Logger& log);
+
+/// Micro-batches per rank per step: global_batch / (world * micro_batch);
+/// an error naming the three numbers when they do not divide.
+int64_t accumulation_steps(const TrainConfig& train, int world_size);
+
+}  // namespace st::launch

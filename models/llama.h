@@ -1,0 +1,74 @@
+#pragma once
+// LLaMA as Hugging Face's LlamaForCausalLM: the same tree, the same parameter
+// names, the same math (RMSNorm with rms_norm_eps, rotary with rope_theta in
+// the rotate_half layout, grouped-query attention, SwiGLU MLP, untied or tied
+// lm_head).
+//
+//   LlamaForCausalLM
+//     model: LlamaModel
+//       embed_tokens: Embedding            model.embed_tokens.weight
+//       layers: ModuleList
+//         0, 1, ...: DecoderLayer          model.layers.{i}.self_attn.{q,k,v,o}_proj.weight
+//                                          model.layers.{i}.mlp.{gate,up,down}_proj.weight
+//                                          model.layers.{i}.{input,post_attention}_layernorm.weight
+//       norm: RMSNorm                      model.norm.weight
+//     lm_head: Linear                      lm_head.weight (absent when tie_word_embeddings)
+#include <memory>
+
+#include "models/layers.h"
+#include "models/model.h"
+
+namespace st::models {
+
+/// The decoder stack without the head: tokens I32 [B, T] -> hidden [B, T, D].
+class LlamaModel : public Module {
+ public:
+  explicit LlamaModel(const ModelConfig& config);
+  std::string_view type_name() const override { return "LlamaModel"; }
+  Embedding& embed_tokens() { return embed_tokens_; }
+  ModuleList& layers() { return layers_; }
+  DecoderLayer& layer(size_t i) { return static_cast<DecoderLayer&>(layers_[i]); }
+  RMSNorm& norm() { return norm_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& tokens) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  Embedding& embed_tokens_;
+  ModuleList& layers_;
+  RMSNorm& norm_;
+};
+
+/// forward(tokens I32 [B, T]) -> logits [B, T, V] (dtype of the weights);
+/// backward(dlogits [B, T, V]) -> undefined tensor (tokens have no gradient).
+class Llama : public Model {
+ public:
+  explicit Llama(const ModelConfig& config);
+  std::string_view type_name() const override { return "LlamaForCausalLM"; }
+
+  LossKind loss_kind() const override { return LossKind::CrossEntropy; }
+  Shape sample_input_shape(int64_t seq_len) const override { return {seq_len}; }
+  Shape sample_target_shape(int64_t seq_len) const override { return {seq_len}; }
+  /// 6 * N * T + 6 * L * D * T^2, where N counts the weights that take part in
+  /// matmuls (every linear, lm_head included even when tied) and excludes the
+  /// embedding table (a gather, no FLOPs) and the norms, as is customary; the
+  /// second term is attention's QK^T and AV (2 matmuls * 2 FLOPs * T^2 * D per
+  /// layer forward, x3 for forward+backward, halved for the causal mask).
+  double train_flops_per_sample(int64_t seq_len) const override;
+
+  const ModelConfig& config() const { return config_; }
+  LlamaModel& model() { return model_; }
+  Linear& lm_head() { return lm_head_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& tokens) override;
+  Tensor backward_impl(const Tensor& dlogits) override;
+
+ private:
+  ModelConfig config_;
+  LlamaModel& model_;
+  Linear& lm_head_;
+};
+
+}  // namespace st::models
