@@ -6,6 +6,7 @@
 
 #include "core/ops.h"
 #include "core/cuda/cuda_runtime.h"
+#include "fsdp/fsdp.h"
 #include "launch/data.h"
 #include "launch/metrics.h"
 #include "models/model.h"
@@ -62,47 +63,36 @@ int64_t accumulation_steps(const TrainConfig& train, int world_size) {
   return train.global_batch_size / per_step;
 }
 
-TrainResult train(const Config& config, ProcessGroup& world, Logger& log) {
+TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int local_size) {
   const TrainConfig& tc = config.train;
   const int64_t accum = accumulation_steps(tc, world.size());
   ST_CHECK(tc.device != DeviceKind::Cuda, "train.device: cuda training arrives with the CUDA backend; use cpu or auto");
   if (tc.device == DeviceKind::Auto && cuda::device_count() > 0) {
     log.warn0("train.device auto: a GPU is visible but training on it arrives with the CUDA backend; using the CPU");
   }
-  if (config.fsdp.mixed_precision.param_dtype != PrecisionKind::F32 ||
-      config.fsdp.mixed_precision.reduce_dtype != PrecisionKind::F32) {
-    log.warn0("fsdp.mixed_precision: BF16 arrives with FSDP sharding; this build trains in F32");
-  }
 
   std::unique_ptr<models::Model> model = models::build_model(config.model);
   const int64_t n_params = model->num_parameters();
-
-  // The whole model lives in two flat F32 buffers, the layout the optimizer
-  // (and, later, FSDP's flat parameters) work on.
-  Tensor flat_param = Tensor::zeros({n_params}, DType::F32);
-  Tensor flat_grad = Tensor::zeros({n_params}, DType::F32);
-  auto layout = models::bind_parameters_flat(*model, flat_param, flat_grad);
-  models::init_parameters(*model, tc.seed);
+  // Recomputation first, then sharding: the order PyTorch applies them in.
+  const int recomputed = fsdp::apply_activation_checkpointing(*model, config.fsdp.activation_checkpointing);
+  fsdp::ShardedModel sharded(*model, config.fsdp, world, local_size, tc.seed, log);
 
   std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(config.optim);
-  optim::Segment segment{flat_param, flat_grad, {}};
-  {
-    auto named = model->named_parameters();
-    for (size_t i = 0; i < named.size(); ++i) {
-      segment.ranges.push_back({named[i].first, layout[i].second.first, layout[i].second.second,
-                                named[i].second->weight_decay});
-    }
-  }
-  optimizer->add_segment(segment);
+  for (const optim::Segment& segment : sharded.segments()) optimizer->add_segment(segment);
 
   std::unique_ptr<Dataset> dataset = make_dataset(config);
   MetricsFile metrics(world.rank() == 0 ? config.logging.metrics_file : std::string());
 
   log.info0("model {}: {} parameters ({:.2f} M)", config.model.name, n_params, n_params / 1e6);
   log.info0("data: {}", dataset->describe());
-  log.info0("{} rank(s), data parallel: global batch {} = {} rank(s) x {} micro-batch(es) x {} sample(s)",
-            world.size(), tc.global_batch_size, world.size(), accum, tc.micro_batch_size);
+  log.info0("{} rank(s), {} (shard groups of {}), param_dtype {}, reduce_dtype {}, recomputed layers {}",
+            world.size(), to_string(config.fsdp.sharding_strategy), sharded.shard_group_size(),
+            to_string(config.fsdp.mixed_precision.param_dtype), to_string(config.fsdp.mixed_precision.reduce_dtype),
+            recomputed);
+  log.info0("global batch {} = {} rank(s) x {} micro-batch(es) x {} sample(s)", tc.global_batch_size, world.size(),
+            accum, tc.micro_batch_size);
   log_config(config, log);
+  sharded.log_memory_table(optimizer->state_bytes());
 
   const models::LossKind loss_kind = model->loss_kind();
   const Shape in_shape = batch_shape(tc.micro_batch_size, model->sample_input_shape(tc.seq_len));
@@ -135,40 +125,40 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log) {
     const int64_t count = global_loss_count(loss_kind, targets, world);
     const float grad_scale = 1.0f / static_cast<float>(count);
 
-    flat_grad.zero_();
+    sharded.zero_grad();
     double local_loss_sum = 0;
     for (int64_t m = 0; m < accum; ++m) {
       const Tensor& x = inputs[static_cast<size_t>(m)];
       const Tensor& y = targets[static_cast<size_t>(m)];
-      Tensor out = model->forward(x);
+      Tensor out = sharded.forward(x);
       ops::LossSum loss;
       if (loss_kind == models::LossKind::CrossEntropy) {
         const int64_t vocab = out.size(-1);
         Tensor logits = out.view({-1, vocab});  // (B*T, V); the gradient overwrites the logits
         loss = ops::cross_entropy(logits, y.view({-1}), kIgnoreIndex, grad_scale, logits);
-        model->backward(out);
+        sharded.backward(out);
       } else {
         Tensor dout = Tensor::empty(out.shape(), out.dtype());
         loss = ops::mse(out, y, grad_scale, dout);
-        model->backward(dout);
+        sharded.backward(dout);
       }
       local_loss_sum += loss.sum;
     }
 
-    // Data parallel: each rank's gradient is already scaled by 1/count, so
-    // the sum over ranks is the mean over the global batch.
+    // Each rank's gradient is already scaled by 1/count, so the SUM
+    // reductions inside the sharded model give the global-batch mean.
     Tensor loss_sum = Tensor::full({1}, local_loss_sum, DType::F32);
-    if (world.size() > 1) {
-      Work grads = world.all_reduce(flat_grad);
-      world.all_reduce(loss_sum).wait();
-      grads.wait();
-    }
+    Work loss_work = world.all_reduce(loss_sum);
+    sharded.finish_grad_sync();
+    loss_work.wait();
     const double loss = loss_sum.data<float>()[0] / static_cast<double>(count);
-    const double grad_norm = std::sqrt(optim::grad_sum_of_squares(segment));
-    const double clip = optim::clip_coefficient(grad_norm, config.optim.grad_clip);
+    const double grad_norm = std::sqrt(sharded.grad_norm_squared());
     ST_CHECK(std::isfinite(grad_norm), "step {}: the gradient norm is {} (loss {}); lower optim.lr or check the data",
              step + 1, grad_norm, loss);
-    if (clip < 1.0) optim::scale_grad(segment, clip);
+    const double clip = optim::clip_coefficient(grad_norm, config.optim.grad_clip);
+    if (clip < 1.0) {
+      for (const optim::Segment& segment : sharded.segments()) optim::scale_grad(segment, clip);
+    }
     const double lr = optim::learning_rate(config.optim, step, tc.steps);
     optimizer->step(lr);
     consumed += tc.global_batch_size;

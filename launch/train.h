@@ -1,7 +1,6 @@
 #pragma once
-// The training loop. Issue 3: plain data parallel (every rank holds the whole
-// model; gradients are summed with all_reduce after the local micro-batches).
-// The sharding issue replaces the gradient/parameter path with FSDP.
+// The training loop: the model sharded by fsdp::ShardedModel (any strategy,
+// mixed precision, recomputation), the optimizer on this rank's flat shards.
 #include <cstdint>
 #include <vector>
 
@@ -19,7 +18,9 @@ struct TrainResult {
 
 /// Runs `config.train.steps` optimizer steps on `world`. Collective: every
 /// rank calls it with the same config. Rank 0 logs and writes metrics.
-TrainResult train(const Config& config, ProcessGroup& world, Logger& log);
+/// `local_size` (ranks per host) sizes HYBRID_SHARD groups when
+/// fsdp.shard_group_size is 0.
+TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int local_size = 1);
 
 /// Micro-batches per rank per step: global_batch / (world * micro_batch);
 /// an error naming the three numbers when they do not divide.

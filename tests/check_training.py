@@ -11,6 +11,10 @@ CHECK is one of:
               equal within 1e-5 relative over 10 steps
   bad-input   an unknown model name, a tokens file of the wrong size and a batch
               that does not divide world x micro-batch fail with a clear message
+  fsdp-default  -np 4 with configs/llama-tiny.yaml trains with FULL_SHARD, BF16 and
+              recomputation (as the log says) and the loss falls
+  fsdp-bad-input  a shard_group_size that does not divide the world, an unknown module
+              type in the wrap list and an unknown strategy fail with a clear message
 Each check prints what it measured; a failure exits 1.
 """
 import collections
@@ -119,9 +123,33 @@ def check_bad_input(trainer, tmp):
                               "train.global_batch_size=13"], "train.global_batch_size (13) must be divisible")
 
 
+def check_fsdp_default(trainer, tmp):
+    metrics = os.path.join(tmp, "m.jsonl")
+    proc = run(mpirun(4) + [trainer, "--config", "configs/llama-tiny.yaml", "--set", f"logging.metrics_file={metrics}"])
+    want = "4 rank(s), FULL_SHARD (shard groups of 4), param_dtype bf16, reduce_dtype f32, recomputed layers 2"
+    if want not in proc.stderr:
+        fail(f"the log does not say: {want}")
+    with open(metrics) as f:
+        ls = [json.loads(line)["loss"] for line in f]
+    print(f"fsdp-default: {want}; loss {ls[0]:.4f} -> {ls[-1]:.4f} over {len(ls)} steps")
+    if not ls[-1] < ls[0] - 1.0:
+        fail("the loss did not fall by at least 1 nat")
+
+
+def check_fsdp_bad_input(trainer, tmp):
+    expect_error(mpirun(4) + [trainer, "--config", "configs/llama-tiny.yaml", "--set",
+                              "fsdp.sharding_strategy=HYBRID_SHARD", "--set", "fsdp.shard_group_size=3"],
+                 "fsdp.shard_group_size (3) must divide the world size (4)")
+    expect_error([trainer, "--config", "configs/llama-tiny.yaml", "--set", "fsdp.auto_wrap.module_types=[Decoder]"],
+                 "no module of type 'Decoder'")
+    expect_error([trainer, "--config", "configs/llama-tiny.yaml", "--set", "fsdp.sharding_strategy=ZERO3"],
+                 "expected one of FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD")
+
+
 def main():
     trainer, check = os.path.abspath(sys.argv[1]), sys.argv[2]
-    checks = {"toy": check_toy, "text": check_text, "dp": check_dp, "bad-input": check_bad_input}
+    checks = {"toy": check_toy, "text": check_text, "dp": check_dp, "bad-input": check_bad_input,
+              "fsdp-default": check_fsdp_default, "fsdp-bad-input": check_fsdp_bad_input}
     with tempfile.TemporaryDirectory() as tmp:
         checks[check](trainer, tmp)
 

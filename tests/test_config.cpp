@@ -553,7 +553,9 @@ TEST(Config, ShippedConfigsLoadAndValidate) {
   EXPECT_EQ(tiny.train.device, DeviceKind::Cpu);
   EXPECT_EQ(tiny.fsdp.sharding_strategy, ShardingStrategy::FullShard);
   EXPECT_EQ(tiny.fsdp.auto_wrap.policy, WrapPolicy::Transformer);
-  EXPECT_EQ(tiny.fsdp.mixed_precision.param_dtype, PrecisionKind::F32);
+  // The issue-4 default: FULL_SHARD + BF16 + recomputation of every layer.
+  EXPECT_EQ(tiny.fsdp.mixed_precision.param_dtype, PrecisionKind::BF16);
+  EXPECT_EQ(tiny.fsdp.activation_checkpointing.mode, RecomputeMode::Full);
   for (int64_t world : {1, 2, 3, 4}) {
     EXPECT_EQ(tiny.train.global_batch_size % (world * tiny.train.micro_batch_size), 0) << "world size " << world;
   }
