@@ -16,14 +16,17 @@ AllocatorStats Allocator::stats() const {
 void Allocator::reset_peak() { peak_.store(current_.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 void Allocator::record_alloc(size_t nbytes) {
-  int64_t now = current_.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed) + static_cast<int64_t>(nbytes);
+  int64_t now =
+      current_.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed) + static_cast<int64_t>(nbytes);
   count_.fetch_add(1, std::memory_order_relaxed);
   int64_t peak = peak_.load(std::memory_order_relaxed);
   while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
 }
 
-void Allocator::record_free(size_t nbytes) { current_.fetch_sub(static_cast<int64_t>(nbytes), std::memory_order_relaxed); }
+void Allocator::record_free(size_t nbytes) {
+  current_.fetch_sub(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
+}
 
 namespace {
 

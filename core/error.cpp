@@ -19,9 +19,7 @@ Error::Error(const std::string& message, const char* file, int line)
       location_(basename_of(file) + ":" + std::to_string(line)) {}
 
 namespace detail {
-void throw_error(const char* file, int line, const std::string& message) {
-  throw Error(message, file, line);
-}
+void throw_error(const char* file, int line, const std::string& message) { throw Error(message, file, line); }
 }  // namespace detail
 
 }  // namespace st

@@ -33,7 +33,7 @@ std::string mpi_error_string(int code);
 }  // namespace st
 
 /// Throws st::Error with a formatted message when `cond` is false.
-#define ST_CHECK(cond, ...)                                                      \
+#define ST_CHECK(cond, ...)                                                     \
   do {                                                                          \
     if (!(cond)) [[unlikely]]                                                   \
       ::st::detail::throw_error(__FILE__, __LINE__, ::st::format(__VA_ARGS__)); \
@@ -43,11 +43,11 @@ std::string mpi_error_string(int code);
 #define ST_FAIL(...) ::st::detail::throw_error(__FILE__, __LINE__, ::st::format(__VA_ARGS__))
 
 /// Wraps an MPI call; a non-success code throws with the call and MPI's text.
-#define MPI_CHECK(call)                                                           \
-  do {                                                                           \
-    int st_mpi_rc_ = (call);                                                     \
-    if (st_mpi_rc_ != 0) [[unlikely]]                                            \
-      ::st::detail::throw_error(__FILE__, __LINE__,                              \
-                                ::st::format("MPI call failed: {}: {}", #call,   \
-                                             ::st::detail::mpi_error_string(st_mpi_rc_))); \
+#define MPI_CHECK(call)                                                                                \
+  do {                                                                                                 \
+    int st_mpi_rc_ = (call);                                                                           \
+    if (st_mpi_rc_ != 0) [[unlikely]]                                                                  \
+      ::st::detail::throw_error(                                                                       \
+          __FILE__, __LINE__,                                                                          \
+          ::st::format("MPI call failed: {}: {}", #call, ::st::detail::mpi_error_string(st_mpi_rc_))); \
   } while (0)

@@ -14,7 +14,7 @@ namespace st {
 namespace detail {
 
 struct FormatSpec {
-  char align = 0;      // '<', '>' or 0 (stream default: right)
+  char align = 0;  // '<', '>' or 0 (stream default: right)
   int width = 0;
   int precision = -1;  // -1: stream default
   char type = 0;       // 'f', 'e' or 0

@@ -28,19 +28,31 @@ class Logger {
   void write(LogLevel level, std::string_view message);
 
   template <class... A>
-  void debug(std::string_view fmt, A&&... a) { log(LogLevel::Debug, fmt, std::forward<A>(a)...); }
+  void debug(std::string_view fmt, A&&... a) {
+    log(LogLevel::Debug, fmt, std::forward<A>(a)...);
+  }
   template <class... A>
-  void info(std::string_view fmt, A&&... a) { log(LogLevel::Info, fmt, std::forward<A>(a)...); }
+  void info(std::string_view fmt, A&&... a) {
+    log(LogLevel::Info, fmt, std::forward<A>(a)...);
+  }
   template <class... A>
-  void warn(std::string_view fmt, A&&... a) { log(LogLevel::Warn, fmt, std::forward<A>(a)...); }
+  void warn(std::string_view fmt, A&&... a) {
+    log(LogLevel::Warn, fmt, std::forward<A>(a)...);
+  }
   template <class... A>
-  void error(std::string_view fmt, A&&... a) { log(LogLevel::Error, fmt, std::forward<A>(a)...); }
+  void error(std::string_view fmt, A&&... a) {
+    log(LogLevel::Error, fmt, std::forward<A>(a)...);
+  }
 
   /// Rank-0-only variants, for messages every rank would repeat.
   template <class... A>
-  void info0(std::string_view fmt, A&&... a) { if (rank_ == 0) info(fmt, std::forward<A>(a)...); }
+  void info0(std::string_view fmt, A&&... a) {
+    if (rank_ == 0) info(fmt, std::forward<A>(a)...);
+  }
   template <class... A>
-  void warn0(std::string_view fmt, A&&... a) { if (rank_ == 0) warn(fmt, std::forward<A>(a)...); }
+  void warn0(std::string_view fmt, A&&... a) {
+    if (rank_ == 0) warn(fmt, std::forward<A>(a)...);
+  }
 
  private:
   template <class... A>

@@ -14,8 +14,8 @@ struct StateEntry {
   std::string kind;    // "master", "exp_avg", "exp_avg_sq", "momentum_buffer", ...
   Shape global_shape;  // shape of the full tensor
   DType dtype = DType::F32;
-  int64_t begin = 0;   // first flat element of the full tensor held here
-  Tensor local;        // 1-D view of the elements held here, filled in place on load
+  int64_t begin = 0;  // first flat element of the full tensor held here
+  Tensor local;       // 1-D view of the elements held here, filled in place on load
 };
 
 }  // namespace st

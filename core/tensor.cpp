@@ -118,8 +118,8 @@ Tensor Tensor::view(const Shape& shape) const {
              shape_str(shape));
     resolved[static_cast<size_t>(infer)] = numel_ / known;
   }
-  ST_CHECK(shape_numel(resolved) == numel_, "cannot view a tensor of shape {} ({} elements) as {}",
-           shape_str(shape_), numel_, shape_str(shape));
+  ST_CHECK(shape_numel(resolved) == numel_, "cannot view a tensor of shape {} ({} elements) as {}", shape_str(shape_),
+           numel_, shape_str(shape));
   Tensor t = *this;
   t.shape_ = std::move(resolved);
   return t;
@@ -127,8 +127,8 @@ Tensor Tensor::view(const Shape& shape) const {
 
 Tensor Tensor::flat_slice(int64_t begin, int64_t n) const {
   ST_CHECK(defined(), "flat_slice() on an undefined tensor");
-  ST_CHECK(begin >= 0 && n >= 0 && begin + n <= numel_, "flat_slice({}, {}) out of range for {} elements", begin,
-           n, numel_);
+  ST_CHECK(begin >= 0 && n >= 0 && begin + n <= numel_, "flat_slice({}, {}) out of range for {} elements", begin, n,
+           numel_);
   Tensor t = *this;
   t.offset_ = offset_ + begin;
   t.numel_ = n;

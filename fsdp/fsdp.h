@@ -26,10 +26,10 @@ namespace st::fsdp {
 /// A shard unit chosen by the wrap policy: the module that roots it and the
 /// parameters it owns (its subtree minus nested units), in registration order.
 struct UnitPlan {
-  std::string name;                // FQN of the root module ("" for the model root)
+  std::string name;  // FQN of the root module ("" for the model root)
   models::Module* module = nullptr;
   std::vector<std::pair<std::string, models::Parameter*>> params;  // (FQN, parameter)
-  int64_t numel = 0;               // elements of its parameters
+  int64_t numel = 0;                                               // elements of its parameters
 };
 
 /// The shard units for `config.policy`. Every parameter of named_parameters()
@@ -57,9 +57,9 @@ int apply_activation_checkpointing(models::Module& root, const RecomputeConfig& 
 
 /// Per-rank memory of the sharded state, in bytes.
 struct MemoryReport {
-  int64_t master_bytes = 0;        // F32 master shards
-  int64_t grad_bytes = 0;          // F32 gradient shards
-  int64_t optimizer_bytes = 0;     // optimizer state (filled by the caller)
+  int64_t master_bytes = 0;            // F32 master shards
+  int64_t grad_bytes = 0;              // F32 gradient shards
+  int64_t optimizer_bytes = 0;         // optimizer state (filled by the caller)
   int64_t largest_gathered_bytes = 0;  // the biggest unit, gathered in param_dtype
 };
 

@@ -62,7 +62,8 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
       ST_FAIL("unknown argument '{}' (see --help)", argv[i]);
     }
   }
-  ST_CHECK(args.help || args.list_keys || !args.config_path.empty(), "missing --config FILE (for example --config configs/toy.yaml)");
+  ST_CHECK(args.help || args.list_keys || !args.config_path.empty(),
+           "missing --config FILE (for example --config configs/toy.yaml)");
   return args;
 }
 

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -36,9 +37,12 @@ std::string format_step_line(const StepMetrics& m) {
 }
 
 std::string format_step_json(const StepMetrics& m) {
-  nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
-                      {"lr", m.lr},               {"grad_norm", m.grad_norm},
-                      {"tokens_per_s", m.tokens_per_s}, {"elapsed_s", m.elapsed_s},
+  nlohmann::json j = {{"step", m.step},
+                      {"loss", m.loss},
+                      {"lr", m.lr},
+                      {"grad_norm", m.grad_norm},
+                      {"tokens_per_s", m.tokens_per_s},
+                      {"elapsed_s", m.elapsed_s},
                       {"peak_bytes", m.peak_bytes}};
   return j.dump();
 }

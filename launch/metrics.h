@@ -8,7 +8,7 @@
 namespace st::launch {
 
 struct StepMetrics {
-  int64_t step = 0;         // 1-based step just completed
+  int64_t step = 0;  // 1-based step just completed
   int64_t total_steps = 0;
   double loss = 0;          // mean over the global batch
   double lr = 0;            // learning rate used by this step

@@ -36,7 +36,8 @@ class Checker {
 
   void record(std::string name, int64_t wrong, int64_t checked) {
     // Sum over ranks so every rank reports the same verdict.
-    Tensor counts = Tensor::from_vector(std::vector<int32_t>{static_cast<int32_t>(wrong), static_cast<int32_t>(checked)}, {2});
+    Tensor counts =
+        Tensor::from_vector(std::vector<int32_t>{static_cast<int32_t>(wrong), static_cast<int32_t>(checked)}, {2});
     group_.all_reduce(counts, {.op = ReduceOp::Sum}).wait();
     report_.checks.push_back({std::move(name), counts.data<int32_t>()[0], counts.data<int32_t>()[1]});
   }
@@ -59,25 +60,29 @@ class Checker {
         Tensor out = Tensor::zeros({n}, dtype);
         group_.reduce_scatter(out, in, {.op = op}).wait();
         const double rank_sum = p * (p - 1) / 2.0;
-        record(format("reduce_scatter {} {}", op, dt), count_wrong(out, [&](int64_t i) {
-                 double s = rank_sum + p * ((r * n + i) % 5);
-                 return op == ReduceOp::Sum ? s : s / p;
-               }),
+        record(format("reduce_scatter {} {}", op, dt),
+               count_wrong(out,
+                           [&](int64_t i) {
+                             double s = rank_sum + p * ((r * n + i) % 5);
+                             return op == ReduceOp::Sum ? s : s / p;
+                           }),
                out.numel());
       }
     }
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {  // all_reduce: t[i] = (r + i) % 4 - 1
       Tensor t = make(n, dtype, [&](int64_t i) { return (r + i) % 4 - 1; });
       group_.all_reduce(t, {.op = op}).wait();
-      record(format("all_reduce {} {}", op, dt), count_wrong(t, [&](int64_t i) {
-               double s = 0, m = -1e9;
-               for (int q = 0; q < p; ++q) {
-                 double v = (q + i) % 4 - 1;
-                 s += v;
-                 m = std::max(m, v);
-               }
-               return op == ReduceOp::Sum ? s : m;
-             }),
+      record(format("all_reduce {} {}", op, dt),
+             count_wrong(t,
+                         [&](int64_t i) {
+                           double s = 0, m = -1e9;
+                           for (int q = 0; q < p; ++q) {
+                             double v = (q + i) % 4 - 1;
+                             s += v;
+                             m = std::max(m, v);
+                           }
+                           return op == ReduceOp::Sum ? s : m;
+                         }),
              t.numel());
     }
     {  // broadcast from the last rank

@@ -12,16 +12,16 @@
 namespace st::launch {
 
 struct SelfCheckResult {
-  std::string name;        // "all_reduce SUM BF16"
-  int64_t wrong = 0;       // elements that differ from the exact answer, summed over ranks
-  int64_t checked = 0;     // elements checked, summed over ranks
+  std::string name;     // "all_reduce SUM BF16"
+  int64_t wrong = 0;    // elements that differ from the exact answer, summed over ranks
+  int64_t checked = 0;  // elements checked, summed over ranks
 };
 
 struct BandwidthResult {
-  std::string name;        // "all_gather F32"
-  int64_t bytes = 0;       // per-rank output bytes (nccl-tests' "size")
-  double seconds = 0;      // mean time per call
-  double bus_gbps = 0;     // bus bandwidth, GB/s
+  std::string name;     // "all_gather F32"
+  int64_t bytes = 0;    // per-rank output bytes (nccl-tests' "size")
+  double seconds = 0;   // mean time per call
+  double bus_gbps = 0;  // bus bandwidth, GB/s
 };
 
 struct SelfCheckReport {

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "core/ops.h"
 #include "core/cuda/cuda_runtime.h"
+#include "core/ops.h"
 #include "fsdp/fsdp.h"
 #include "launch/data.h"
 #include "launch/metrics.h"
@@ -85,8 +85,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
 
   log.info0("model {}: {} parameters ({:.2f} M)", config.model.name, n_params, n_params / 1e6);
   log.info0("data: {}", dataset->describe());
-  log.info0("{} rank(s), {} (shard groups of {}), param_dtype {}, reduce_dtype {}, recomputed layers {}",
-            world.size(), to_string(config.fsdp.sharding_strategy), sharded.shard_group_size(),
+  log.info0("{} rank(s), {} (shard groups of {}), param_dtype {}, reduce_dtype {}, recomputed layers {}", world.size(),
+            to_string(config.fsdp.sharding_strategy), sharded.shard_group_size(),
             to_string(config.fsdp.mixed_precision.param_dtype), to_string(config.fsdp.mixed_precision.reduce_dtype),
             recomputed);
   log.info0("global batch {} = {} rank(s) x {} micro-batch(es) x {} sample(s)", tc.global_batch_size, world.size(),
@@ -183,8 +183,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     }
   }
   if (tc.steps > 1) {
-    result.tokens_per_s = tokens_per_sample * static_cast<double>(tc.global_batch_size) * static_cast<double>(tc.steps - 1) /
-                          timed_seconds;
+    result.tokens_per_s = tokens_per_sample * static_cast<double>(tc.global_batch_size) *
+                          static_cast<double>(tc.steps - 1) / timed_seconds;
   }
   log.info0("done: {} steps, final loss {:.4f}, {:.0f} tokens/s (steps 2..{})", tc.steps,
             result.losses.empty() ? 0.0 : result.losses.back(), result.tokens_per_s, tc.steps);

@@ -34,8 +34,8 @@ struct Init {
 };
 
 struct Parameter {
-  std::string name;           // local name ("weight"); the FQN comes from the tree
-  Shape shape;                // full (unsharded) shape, PyTorch layout
+  std::string name;  // local name ("weight"); the FQN comes from the tree
+  Shape shape;       // full (unsharded) shape, PyTorch layout
   Init init;
   bool weight_decay = false;  // true for parameters with two or more dimensions
   Tensor value;               // the weights used by forward/backward (any float dtype)
@@ -154,8 +154,7 @@ void assign_fqns(Module& root);
 /// initialisers *in distribution* (normal(0, std), uniform(-a, a)), never in
 /// values: torch.manual_seed(s) gives other numbers. Values are computed in
 /// double and written in out's dtype (rounded to nearest even for BF16).
-void init_parameter_slice(const Parameter& p, std::string_view fqn, uint64_t seed, int64_t begin,
-                          const Tensor& out);
+void init_parameter_slice(const Parameter& p, std::string_view fqn, uint64_t seed, int64_t begin, const Tensor& out);
 /// init_parameter_slice over every parameter's whole value.
 void init_parameters(Module& root, uint64_t seed);
 

@@ -17,8 +17,8 @@ std::string error_of(const std::vector<std::string>& argv) {
 }
 
 TEST(TrainerArgs, ParsesConfigOverridesAndSteps) {
-  TrainerArgs a = parse_trainer_args(
-      {"--config", "configs/toy.yaml", "--set", "fsdp.sharding_strategy=NO_SHARD", "--steps", "20", "--set=optim.lr=0.5"});
+  TrainerArgs a = parse_trainer_args({"--config", "configs/toy.yaml", "--set", "fsdp.sharding_strategy=NO_SHARD",
+                                      "--steps", "20", "--set=optim.lr=0.5"});
   EXPECT_EQ(a.config_path, "configs/toy.yaml");
   ASSERT_EQ(a.overrides.size(), 3u);
   EXPECT_EQ(a.overrides[0], "fsdp.sharding_strategy=NO_SHARD");

@@ -53,16 +53,7 @@ Tensor floats(const std::vector<float>& values, DType dtype) {
   return Tensor::from_floats(values, {static_cast<int64_t>(values.size())}, dtype);
 }
 
-/// Elements whose bits differ from `want`; a shape or dtype mismatch counts as all wrong.
-int64_t count_wrong(const Tensor& got, const Tensor& want) {
-  if (got.numel() != want.numel() || got.dtype() != want.dtype()) return std::max(got.numel(), want.numel()) + 1;
-  size_t width = dtype_size(got.dtype());
-  const auto* g = static_cast<const unsigned char*>(got.raw_data());
-  const auto* w = static_cast<const unsigned char*>(want.raw_data());
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) wrong += std::memcmp(g + i * width, w + i * width, width) != 0;
-  return wrong;
-}
+using st::test::count_wrong;
 
 using st::test::error_of;
 

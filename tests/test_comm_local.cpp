@@ -18,16 +18,7 @@ namespace {
 
 constexpr DType kAllDtypes[] = {DType::F32, DType::BF16, DType::I32};
 
-/// Elements of `got` whose bits differ from `want` (and a size mismatch counts all).
-int64_t count_wrong(const Tensor& got, const Tensor& want) {
-  if (got.numel() != want.numel() || got.dtype() != want.dtype()) return std::max(got.numel(), want.numel()) + 1;
-  size_t width = dtype_size(got.dtype());
-  const auto* g = static_cast<const unsigned char*>(got.raw_data());
-  const auto* w = static_cast<const unsigned char*>(want.raw_data());
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) wrong += std::memcmp(g + i * width, w + i * width, width) != 0;
-  return wrong;
-}
+using st::test::count_wrong;
 
 /// 1-D tensor of `dtype` with element i = first + i * step (exact in every dtype for small integers).
 Tensor iota(int64_t n, float first, float step, DType dtype) {
