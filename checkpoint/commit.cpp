@@ -1,0 +1,349 @@
+#include "checkpoint/commit.h"
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint/checksum.h"
+#include "core/error.h"
+
+namespace st::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::array<std::string_view, 13> stage_names = {
+    "temp_created",      "commit_begin",   "files_synced", "marker_written",   "marker_synced",
+    "temp_dir_synced",   "renamed",        "root_synced",  "old_step_removed", "latest_tmp_written",
+    "latest_tmp_synced", "latest_renamed", "committed"};
+
+constexpr std::string_view marker_header = "shardtrain checkpoint";
+constexpr std::string_view latest_tmp_name = ".latest.tmp";
+constexpr std::string_view tmp_prefix = ".tmp-";
+
+std::string errno_text() { return std::strerror(errno); }
+
+/// A POSIX file descriptor that is closed on every path out.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  /// Closes now, so that a failing close (a delayed write error) is reported.
+  void close_checked(const fs::path& path) {
+    int rc = ::close(fd_);
+    fd_ = -1;
+    ST_CHECK(rc == 0, "cannot close {}: {}", path.string(), errno_text());
+  }
+
+ private:
+  int fd_;
+};
+
+void fsync_path(const fs::path& path, bool is_dir) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (is_dir ? O_DIRECTORY : 0)));
+  ST_CHECK(fd.get() >= 0, "cannot open {} to fsync it: {}", path.string(), errno_text());
+  ST_CHECK(::fsync(fd.get()) == 0, "cannot fsync {}: {}", path.string(), errno_text());
+  fd.close_checked(path);
+}
+
+/// Writes `content` to a new file and fsyncs it; `after_write` runs between the
+/// two so that a crash test can stop at the moment the data is not yet durable.
+void write_file_synced(const fs::path& path, std::string_view content, const std::function<void()>& after_write) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  ST_CHECK(fd.get() >= 0, "cannot create {}: {}", path.string(), errno_text());
+  size_t done = 0;
+  while (done < content.size()) {
+    ssize_t n = ::write(fd.get(), content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    ST_CHECK(n > 0, "cannot write {}: {}", path.string(), errno_text());
+    done += static_cast<size_t>(n);
+  }
+  if (after_write) after_write();
+  ST_CHECK(::fsync(fd.get()) == 0, "cannot fsync {}: {}", path.string(), errno_text());
+  fd.close_checked(path);
+}
+
+void rename_path(const fs::path& from, const fs::path& to) {
+  ST_CHECK(::rename(from.c_str(), to.c_str()) == 0, "cannot rename {} to {}: {}", from.string(), to.string(),
+           errno_text());
+}
+
+void remove_tree(const fs::path& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  ST_CHECK(!ec, "cannot remove {}: {}", path.string(), ec.message());
+}
+
+std::string crc_hex(std::string_view text) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", crc32c(std::as_bytes(std::span(text.data(), text.size()))));
+  return buf;
+}
+
+std::string trim(std::string s) {
+  const char* space = " \t\r\n";
+  s.erase(0, std::min(s.find_first_not_of(space), s.size()));
+  s.erase(s.find_last_not_of(space) + 1);
+  return s;
+}
+
+/// Content of `path`, or nullopt when it does not exist.
+std::optional<std::string> read_small_file(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec) && !ec) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  ST_CHECK(in.good(), "cannot open {}: {}", path.string(), errno_text());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  ST_CHECK(!in.bad(), "cannot read {}: {}", path.string(), errno_text());
+  return ss.str();
+}
+
+std::optional<int64_t> latest_step(const fs::path& root) {
+  auto text = read_small_file(root / latest_file_name);
+  if (!text) return std::nullopt;
+  return parse_step_dir_name(trim(*text));
+}
+
+}  // namespace
+
+std::string step_dir_name(int64_t step) {
+  ST_CHECK(step >= 0, "checkpoint step must be >= 0, got {}", step);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%06lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::optional<int64_t> parse_step_dir_name(std::string_view name) {
+  constexpr std::string_view prefix = "step-";
+  if (!name.starts_with(prefix)) return std::nullopt;
+  std::string_view digits = name.substr(prefix.size());
+  // 18 digits cannot overflow int64_t; longer names are not ours.
+  if (digits.size() < 6 || digits.size() > 18) return std::nullopt;
+  int64_t step = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    step = step * 10 + (c - '0');
+  }
+  // Only the canonical spelling: "step-0000200" would be a second name for step 200.
+  if (step_dir_name(step) != name) return std::nullopt;
+  return step;
+}
+
+std::span<const std::string_view> commit_stages() { return stage_names; }
+
+std::string incomplete_reason(const fs::path& dir, int64_t step) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "directory does not exist";
+  auto marker = read_small_file(dir / complete_marker_name);
+  if (!marker) return "missing COMPLETE marker";
+  // The last line is the CRC32C of everything before it: a torn or edited
+  // marker must not vouch for files it no longer describes.
+  const std::string& text = *marker;
+  size_t crc_at = text.rfind("crc32c ");
+  if (crc_at == std::string::npos || (crc_at > 0 && text[crc_at - 1] != '\n'))
+    return "COMPLETE marker is truncated (no crc32c line)";
+  if (trim(text.substr(crc_at + 7)) != crc_hex(std::string_view(text).substr(0, crc_at)))
+    return "COMPLETE marker fails its crc32c check";
+  std::istringstream in(text.substr(0, crc_at));
+  std::string line;
+  if (!std::getline(in, line) || line != marker_header) return "COMPLETE marker has no header";
+  if (!std::getline(in, line) || line != "step " + std::to_string(step))
+    return format("COMPLETE marker is for '{}', not step {}", line, step);
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string kind;
+    uintmax_t size = 0;
+    if (!(fields >> kind >> size) || kind != "file") return format("COMPLETE marker has a bad line '{}'", line);
+    std::string name;
+    std::getline(fields >> std::ws, name);
+    std::error_code size_ec;
+    uintmax_t actual = fs::file_size(dir / name, size_ec);
+    if (size_ec) return format("{} is missing ({})", name, size_ec.message());
+    if (actual != size) return format("{} has {} bytes, COMPLETE lists {}", name, actual, size);
+  }
+  return {};
+}
+
+PendingCheckpoint::PendingCheckpoint(fs::path root, int64_t step, CommitHook hook)
+    : root_(std::move(root)), step_(step), hook_(std::move(hook)) {
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  ST_CHECK(!ec, "cannot create checkpoint directory {}: {}", root_.string(), ec.message());
+  fs::path tmp = root_ / format("{}{}-{}", tmp_prefix, step_dir_name(step), ::getpid());
+  // Same name means same pid: a previous process that died before cleaning up.
+  remove_tree(tmp);
+  ST_CHECK(::mkdir(tmp.c_str(), 0755) == 0, "cannot create {}: {}", tmp.string(), errno_text());
+  path_ = std::move(tmp);
+  stage("temp_created");
+}
+
+PendingCheckpoint::PendingCheckpoint(PendingCheckpoint&& other) noexcept
+    : root_(std::move(other.root_)),
+      path_(std::move(other.path_)),
+      step_(other.step_),
+      hook_(std::move(other.hook_)),
+      committed_(other.committed_) {
+  other.path_.clear();
+  other.committed_ = true;  // the moved-from object owns nothing to clean up
+}
+
+PendingCheckpoint::~PendingCheckpoint() {
+  if (committed_ || path_.empty()) return;
+  std::error_code ec;  // a destructor must not throw; debris is removed by apply_retention
+  fs::remove_all(path_, ec);
+}
+
+fs::path PendingCheckpoint::final_path() const { return root_ / step_dir_name(step_); }
+
+void PendingCheckpoint::stage(std::string_view name) const {
+  if (hook_) hook_(name);
+}
+
+void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
+  ST_CHECK(!committed_, "checkpoint {} was already committed", final_path().string());
+  stage("commit_begin");
+
+  std::string marker = format("{}\nstep {}\n", marker_header, step_);
+  for (const std::string& name : files_written) {
+    ST_CHECK(!name.empty() && name.find_first_of("/\n") == std::string::npos && name != "." && name != ".." &&
+                 name != complete_marker_name,
+             "checkpoint file name '{}' must be a plain file name inside {}", name, path_.string());
+    fs::path file = path_ / name;
+    std::error_code ec;
+    uintmax_t size = fs::file_size(file, ec);
+    ST_CHECK(!ec, "checkpoint file {} cannot be read: {}", file.string(), ec.message());
+    fsync_path(file, false);
+    marker += format("file {} {}\n", size, name);
+  }
+  stage("files_synced");
+
+  marker += "crc32c " + crc_hex(marker) + "\n";
+  write_file_synced(path_ / complete_marker_name, marker, [&] { stage("marker_written"); });
+  stage("marker_synced");
+  // The directory entries (files and marker) must be durable before the rename
+  // publishes them; otherwise a power loss could leave a step dir without them.
+  fsync_path(path_, true);
+  stage("temp_dir_synced");
+
+  fs::path target = final_path();
+  std::error_code ec;
+  bool replacing = fs::exists(target, ec);
+  ST_CHECK(!ec, "cannot inspect {}: {}", target.string(), ec.message());
+  fs::path old_copy;  // where the replaced checkpoint went, to delete after the swap
+  if (replacing) {
+    // Swapping keeps a complete step-NNNNNN in place at every instant.
+    if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+      old_copy = path_;
+    } else {
+      ST_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP, "cannot exchange {} with {}: {}", path_.string(),
+               target.string(), errno_text());
+      old_copy = root_ / format("{}replaced-{}-{}", tmp_prefix, step_dir_name(step_), ::getpid());
+      remove_tree(old_copy);
+      rename_path(target, old_copy);
+      rename_path(path_, target);
+    }
+  } else {
+    rename_path(path_, target);
+  }
+  committed_ = true;  // from here the temporary directory no longer holds our files
+  stage("renamed");
+  fsync_path(root_, true);
+  stage("root_synced");
+  if (!old_copy.empty()) remove_tree(old_copy);
+  stage("old_step_removed");
+
+  fs::path latest_tmp = root_ / latest_tmp_name;
+  write_file_synced(latest_tmp, step_dir_name(step_) + "\n", [&] { stage("latest_tmp_written"); });
+  stage("latest_tmp_synced");
+  rename_path(latest_tmp, root_ / latest_file_name);
+  stage("latest_renamed");
+  fsync_path(root_, true);
+  stage("committed");
+}
+
+std::vector<int64_t> complete_steps(const fs::path& root) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return steps;
+  fs::directory_iterator it(root, ec);
+  ST_CHECK(!ec, "cannot list checkpoint directory {}: {}", root.string(), ec.message());
+  for (const fs::directory_entry& entry : it) {
+    auto step = parse_step_dir_name(entry.path().filename().string());
+    if (step && incomplete_reason(entry.path(), *step).empty()) steps.push_back(*step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::optional<ResumeChoice> choose_resume(const fs::path& root) {
+  std::string problem;
+  auto text = read_small_file(root / latest_file_name);
+  if (!text) {
+    problem = format("{} does not exist", (root / latest_file_name).string());
+  } else if (auto step = parse_step_dir_name(trim(*text)); !step) {
+    problem = format("{} holds '{}', not a step-NNNNNN name", (root / latest_file_name).string(), trim(*text));
+  } else {
+    fs::path dir = root / step_dir_name(*step);
+    std::error_code ec;
+    std::string reason = incomplete_reason(dir, *step);
+    if (reason.empty()) return ResumeChoice{dir.string(), *step, {}};
+    if (!fs::exists(dir, ec))
+      problem = format("latest names {}, which does not exist", step_dir_name(*step));
+    else
+      problem = format("latest names {}, which is incomplete ({})", step_dir_name(*step), reason);
+  }
+  std::vector<int64_t> steps = complete_steps(root);
+  if (steps.empty()) return std::nullopt;
+  int64_t step = steps.back();
+  return ResumeChoice{(root / step_dir_name(step)).string(), step,
+                      format("{}; using {}", problem, step_dir_name(step))};
+}
+
+void apply_retention(const fs::path& root, int64_t keep_last) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;
+  std::string own_suffix = format("-{}", ::getpid());
+  std::vector<fs::path> debris;
+  fs::directory_iterator it(root, ec);
+  ST_CHECK(!ec, "cannot list checkpoint directory {}: {}", root.string(), ec.message());
+  for (const fs::directory_entry& entry : it) {
+    std::string name = entry.path().filename().string();
+    if (name.starts_with(tmp_prefix) && !name.ends_with(own_suffix)) debris.push_back(entry.path());
+  }
+  for (const fs::path& path : debris) remove_tree(path);
+
+  if (keep_last <= 0) return;
+  std::vector<int64_t> steps = complete_steps(root);
+  if (steps.size() <= static_cast<size_t>(keep_last)) return;
+  std::optional<int64_t> pinned = latest_step(root);
+  steps.resize(steps.size() - static_cast<size_t>(keep_last));  // the ones beyond the newest keep_last
+  for (int64_t step : steps) {
+    if (pinned && *pinned == step) continue;
+    // Renamed out of the step-* namespace first, so that a crash mid-delete
+    // leaves .tmp debris rather than a half-deleted step directory.
+    fs::path dir = root / step_dir_name(step);
+    fs::path doomed = root / format("{}retired-{}-{}", tmp_prefix, step_dir_name(step), ::getpid());
+    remove_tree(doomed);
+    rename_path(dir, doomed);
+    remove_tree(doomed);
+  }
+}
+
+}  // namespace st::checkpoint

@@ -1,0 +1,126 @@
+#pragma once
+// Crash-safe commit of a checkpoint directory (DESIGN.md, "Checkpoint directory").
+//
+// A save writes into root/.tmp-step-NNNNNN-<pid>; commit() fsyncs the files,
+// writes a COMPLETE marker (the only thing that makes a checkpoint complete),
+// renames the directory to root/step-NNNNNN and only then replaces root/latest
+// atomically. A process killed at any point leaves `latest` naming a complete
+// checkpoint (the previous one, or the new one once the latest rename happened),
+// and choose_resume() falls back to the newest complete checkpoint when
+// `latest` was damaged some other way.
+//
+// One process commits into a root at a time (rank 0 of a job); the temporary
+// name carries the pid so that apply_retention() can tell its own temporary
+// directory from debris left by a killed run.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace st::checkpoint {
+
+/// "step-000200": the directory name of `step` (at least 6 digits; step >= 0).
+std::string step_dir_name(int64_t step);
+
+/// The step of a name written by step_dir_name ("step-" and >= 6 digits, nothing
+/// else); nullopt for any other name.
+std::optional<int64_t> parse_step_dir_name(std::string_view name);
+
+/// Name of the marker file inside a committed checkpoint directory.
+inline constexpr std::string_view complete_marker_name = "COMPLETE";
+/// Name of the file in the root that names the checkpoint to resume from.
+inline constexpr std::string_view latest_file_name = "latest";
+
+/// Called with the name of each stage of a commit as it is reached (see
+/// commit_stages()). For crash tests: a child process kills itself at a chosen
+/// stage. Production code passes none.
+using CommitHook = std::function<void(std::string_view stage)>;
+
+/// The stages passed to a CommitHook, in the order they are reached: the
+/// constructor reports the first, commit() the rest, each one exactly once.
+std::span<const std::string_view> commit_stages();
+
+/// Empty when `dir` holds a complete checkpoint of `step`: a COMPLETE marker
+/// that is intact (its CRC32C matches), names `step`, and lists files that all
+/// exist with the listed sizes. Otherwise the reason, e.g. "missing COMPLETE
+/// marker" or "model.safetensors has 10 bytes, COMPLETE lists 20".
+std::string incomplete_reason(const std::filesystem::path& dir, int64_t step);
+
+/// A checkpoint being written: owns root/.tmp-step-NNNNNN-<pid> until commit().
+/// Move-only; destroying it uncommitted removes the temporary directory (a
+/// failed or abandoned save leaves `latest` and the committed checkpoints as
+/// they were).
+class PendingCheckpoint {
+ public:
+  /// Creates `root` if missing and a fresh, empty temporary directory for
+  /// `step` (removing a stale one of the same name, left by an earlier process
+  /// with the same pid). Throws st::Error naming the path on I/O failure.
+  PendingCheckpoint(std::filesystem::path root, int64_t step, CommitHook hook = {});
+  ~PendingCheckpoint();
+  PendingCheckpoint(PendingCheckpoint&& other) noexcept;
+  PendingCheckpoint& operator=(PendingCheckpoint&&) = delete;
+  PendingCheckpoint(const PendingCheckpoint&) = delete;
+  PendingCheckpoint& operator=(const PendingCheckpoint&) = delete;
+
+  /// The temporary directory to write the checkpoint's files into.
+  const std::filesystem::path& path() const noexcept { return path_; }
+  /// root/step-NNNNNN: where commit() puts the checkpoint.
+  std::filesystem::path final_path() const;
+  int64_t step() const noexcept { return step_; }
+  bool committed() const noexcept { return committed_; }
+
+  /// Makes the checkpoint durable and current. `files_written` are the names
+  /// (plain file names, no '/') of the files written into path(); they are
+  /// fsynced and listed with their sizes in the COMPLETE marker. Then the
+  /// directory is renamed to final_path() and root/latest replaced through
+  /// root/.latest.tmp, with the directories fsynced after each rename.
+  /// When final_path() already exists (a re-save of the same step) it is
+  /// replaced only now that the new one is complete: atomically with
+  /// renameat2(RENAME_EXCHANGE) where the filesystem supports it; otherwise the
+  /// old one is moved aside first, and a crash between the two renames leaves
+  /// no step-NNNNNN, so choose_resume() falls back to the previous checkpoint.
+  /// Throws st::Error naming the path on I/O failure or a second call.
+  void commit(const std::vector<std::string>& files_written);
+
+ private:
+  void stage(std::string_view name) const;
+
+  std::filesystem::path root_;
+  std::filesystem::path path_;
+  int64_t step_ = 0;
+  CommitHook hook_;
+  bool committed_ = false;
+};
+
+/// Steps of the complete checkpoints (see incomplete_reason) among root's
+/// step-NNNNNN directories, ascending. Empty when root does not exist.
+std::vector<int64_t> complete_steps(const std::filesystem::path& root);
+
+/// The checkpoint to resume from.
+struct ResumeChoice {
+  std::string path;  // root/step-NNNNNN
+  int64_t step = 0;
+  std::string note;  // why `latest` was not used; empty when it was
+};
+
+/// What `--resume auto` loads: the checkpoint `latest` names when it is
+/// complete; otherwise (latest missing, unreadable as a step name, naming a
+/// missing or incomplete directory) the newest complete checkpoint, with the
+/// reason in `note`, e.g. "latest names step-000300, which is incomplete
+/// (missing COMPLETE marker); using step-000200". nullopt when root holds no
+/// complete checkpoint.
+std::optional<ResumeChoice> choose_resume(const std::filesystem::path& root);
+
+/// Deletes the oldest complete checkpoints beyond the newest `keep_last`
+/// (keep_last <= 0 keeps all), never the one `latest` names, and never an
+/// incomplete step-NNNNNN directory (it is not ours to judge). Also removes
+/// every root/.tmp-* directory whose name does not end in this process's pid:
+/// those are debris of killed saves, since only one process commits into a
+/// root at a time. Call it after commit(), from the committing process.
+void apply_retention(const std::filesystem::path& root, int64_t keep_last);
+
+}  // namespace st::checkpoint

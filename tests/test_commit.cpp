@@ -1,0 +1,359 @@
+// Checkpoint commit protocol: names, the COMPLETE marker, `latest`, resume
+// fallback, retention, and crash safety. The crash tests fork a child that
+// SIGKILLs itself at each stage of a commit (through the commit hook) and then
+// check, in the parent, what a restarted job would see.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "checkpoint/commit.h"
+#include "core/error.h"
+#include "tests/test_util.h"
+
+namespace st::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using st::test::error_of;
+
+::testing::AssertionResult contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
+}
+
+/// A fresh directory under the system temp dir, removed at the end of the test.
+class TempRoot {
+ public:
+  TempRoot() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() / ("st_test_commit-" + std::to_string(::getpid()) + "-" + info->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempRoot() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+/// Writes two files of `bytes` each into the pending checkpoint; returns their names.
+std::vector<std::string> write_payload(const PendingCheckpoint& pending, size_t bytes) {
+  write_text(pending.path() / "model.safetensors", std::string(bytes, 'm'));
+  write_text(pending.path() / "trainer_state.json", std::string(bytes / 2 + 1, 's'));
+  return {"model.safetensors", "trainer_state.json"};
+}
+
+void save(const fs::path& root, int64_t step, size_t bytes = 100) {
+  PendingCheckpoint pending(root, step);
+  pending.commit(write_payload(pending, bytes));
+}
+
+TEST(Commit, StepNamesRoundTrip) {
+  EXPECT_EQ(step_dir_name(200), "step-000200");
+  EXPECT_EQ(step_dir_name(0), "step-000000");
+  EXPECT_EQ(step_dir_name(1234567), "step-1234567");
+  for (int64_t step : {0L, 7L, 200L, 999999L, 1000000L, 123456789012L})
+    EXPECT_EQ(parse_step_dir_name(step_dir_name(step)), step);
+  for (const char* bad : {"step-200", "step-0000200", "step-00020a", "step-", "latest", ".tmp-step-000200-1",
+                          "step-000200x", "Step-000200"})
+    EXPECT_EQ(parse_step_dir_name(bad), std::nullopt) << bad;
+  EXPECT_TRUE(contains(error_of([] { step_dir_name(-1); }), "-1"));
+}
+
+TEST(Commit, CommitCreatesStepDirMarkerAndLatest) {
+  TempRoot tmp;
+  fs::path root = tmp.path() / "ckpt" / "llama";  // created by PendingCheckpoint
+  std::vector<std::string> names;
+  {
+    PendingCheckpoint pending(root, 200);
+    EXPECT_EQ(pending.path().filename().string(), ".tmp-step-000200-" + std::to_string(::getpid()));
+    EXPECT_TRUE(fs::is_directory(pending.path()));
+    names = write_payload(pending, 100);
+    pending.commit(names);
+    EXPECT_TRUE(pending.committed());
+    EXPECT_FALSE(fs::exists(pending.path()));
+    EXPECT_TRUE(contains(error_of([&] { pending.commit(names); }), "already committed"));
+  }
+  fs::path dir = root / "step-000200";
+  EXPECT_EQ(fs::file_size(dir / "model.safetensors"), 100u);
+  std::string marker = read_text(dir / "COMPLETE");
+  EXPECT_TRUE(contains(marker, "step 200\n"));
+  EXPECT_TRUE(contains(marker, "file 100 model.safetensors\n"));
+  EXPECT_TRUE(contains(marker, "file 51 trainer_state.json\n"));
+  EXPECT_EQ(read_text(root / "latest"), "step-000200\n");
+  EXPECT_FALSE(fs::exists(root / ".latest.tmp"));
+  EXPECT_EQ(incomplete_reason(dir, 200), "");
+  EXPECT_EQ(complete_steps(root), std::vector<int64_t>{200});
+}
+
+TEST(Commit, ListedFileMustExistAndErrorNamesIt) {
+  TempRoot tmp;
+  PendingCheckpoint pending(tmp.path(), 5);
+  std::string msg = error_of([&] { pending.commit({"nope.safetensors"}); });
+  EXPECT_TRUE(contains(msg, (pending.path() / "nope.safetensors").string()));
+  EXPECT_TRUE(contains(error_of([&] { pending.commit({"../escape"}); }), "plain file name"));
+}
+
+TEST(Commit, UncommittedPendingIsRemovedAndLatestUnchanged) {
+  TempRoot tmp;
+  save(tmp.path(), 100);
+  fs::path temp_dir;
+  {
+    PendingCheckpoint pending(tmp.path(), 200);
+    write_payload(pending, 100);
+    temp_dir = pending.path();
+  }
+  EXPECT_FALSE(fs::exists(temp_dir));
+  EXPECT_FALSE(fs::exists(tmp.path() / "step-000200"));
+  EXPECT_EQ(read_text(tmp.path() / "latest"), "step-000100\n");
+}
+
+TEST(Commit, ResaveOfSameStepReplacesIt) {
+  TempRoot tmp;
+  save(tmp.path(), 200, 100);
+  save(tmp.path(), 200, 300);
+  EXPECT_EQ(fs::file_size(tmp.path() / "step-000200" / "model.safetensors"), 300u);
+  EXPECT_EQ(complete_steps(tmp.path()), std::vector<int64_t>{200});
+  int tmp_dirs = 0;
+  for (const auto& entry : fs::directory_iterator(tmp.path()))
+    tmp_dirs += entry.path().filename().string().starts_with(".tmp-");
+  EXPECT_EQ(tmp_dirs, 0);
+}
+
+TEST(Resume, GoodLatest) {
+  TempRoot tmp;
+  save(tmp.path(), 100);
+  save(tmp.path(), 200);
+  auto choice = choose_resume(tmp.path());
+  ASSERT_TRUE(choice);
+  EXPECT_EQ(choice->step, 200);
+  EXPECT_EQ(choice->path, (tmp.path() / "step-000200").string());
+  EXPECT_EQ(choice->note, "");
+}
+
+TEST(Resume, LatestNamesDirWithoutMarker) {
+  TempRoot tmp;
+  save(tmp.path(), 200);
+  save(tmp.path(), 300);
+  fs::remove(tmp.path() / "step-000300" / "COMPLETE");
+  auto choice = choose_resume(tmp.path());
+  ASSERT_TRUE(choice);
+  EXPECT_EQ(choice->step, 200);
+  EXPECT_EQ(choice->note, "latest names step-000300, which is incomplete (missing COMPLETE marker); using step-000200");
+}
+
+TEST(Resume, LatestNamesDirWithTruncatedFile) {
+  TempRoot tmp;
+  save(tmp.path(), 200);
+  save(tmp.path(), 300);
+  fs::resize_file(tmp.path() / "step-000300" / "model.safetensors", 10);
+  auto choice = choose_resume(tmp.path());
+  ASSERT_TRUE(choice);
+  EXPECT_EQ(choice->step, 200);
+  EXPECT_TRUE(contains(choice->note, "model.safetensors has 10 bytes, COMPLETE lists 100"));
+  EXPECT_EQ(complete_steps(tmp.path()), std::vector<int64_t>{200});
+}
+
+TEST(Resume, TornOrEditedMarkerIsIncomplete) {
+  TempRoot tmp;
+  save(tmp.path(), 300);
+  fs::path marker = tmp.path() / "step-000300" / "COMPLETE";
+  std::string text = read_text(marker);
+  write_text(marker, text.substr(0, text.size() / 2));
+  EXPECT_TRUE(contains(incomplete_reason(tmp.path() / "step-000300", 300), "COMPLETE marker"));
+  std::string edited = text;
+  edited.replace(edited.find("file 100"), 8, "file 101");
+  write_text(marker, edited);
+  EXPECT_EQ(incomplete_reason(tmp.path() / "step-000300", 300), "COMPLETE marker fails its crc32c check");
+  EXPECT_EQ(choose_resume(tmp.path()), std::nullopt);
+}
+
+TEST(Resume, GarbageLatest) {
+  TempRoot tmp;
+  save(tmp.path(), 100);
+  write_text(tmp.path() / "latest", "hello\n");
+  auto choice = choose_resume(tmp.path());
+  ASSERT_TRUE(choice);
+  EXPECT_EQ(choice->step, 100);
+  EXPECT_TRUE(contains(choice->note, "holds 'hello', not a step-NNNNNN name; using step-000100"));
+}
+
+TEST(Resume, LatestNamesMissingDir) {
+  TempRoot tmp;
+  save(tmp.path(), 100);
+  write_text(tmp.path() / "latest", "step-000900\n");
+  auto choice = choose_resume(tmp.path());
+  ASSERT_TRUE(choice);
+  EXPECT_EQ(choice->step, 100);
+  EXPECT_EQ(choice->note, "latest names step-000900, which does not exist; using step-000100");
+}
+
+TEST(Resume, MissingLatest) {
+  TempRoot tmp;
+  save(tmp.path(), 100);
+  save(tmp.path(), 200);
+  fs::remove(tmp.path() / "latest");
+  auto choice = choose_resume(tmp.path());
+  ASSERT_TRUE(choice);
+  EXPECT_EQ(choice->step, 200);
+  EXPECT_TRUE(contains(choice->note, "latest does not exist; using step-000200"));
+}
+
+TEST(Resume, NothingAtAll) {
+  TempRoot tmp;
+  EXPECT_EQ(choose_resume(tmp.path()), std::nullopt);
+  EXPECT_EQ(choose_resume(tmp.path() / "never-created"), std::nullopt);
+  fs::create_directories(tmp.path() / "step-000100");  // no marker
+  write_text(tmp.path() / "latest", "step-000100\n");
+  EXPECT_EQ(choose_resume(tmp.path()), std::nullopt);
+  EXPECT_TRUE(complete_steps(tmp.path()).empty());
+}
+
+TEST(Retention, KeepsNewestAndLatestTarget) {
+  TempRoot tmp;
+  for (int64_t step : {100, 200, 300, 400, 500}) save(tmp.path(), step);
+  apply_retention(tmp.path(), 0);
+  EXPECT_EQ(complete_steps(tmp.path()), (std::vector<int64_t>{100, 200, 300, 400, 500}));
+
+  write_text(tmp.path() / "latest", "step-000200\n");                 // e.g. the user pointed latest back
+  fs::create_directories(tmp.path() / ".tmp-step-000600-999999999");  // debris of a killed run
+  fs::create_directories(tmp.path() / "step-000050");                 // incomplete: not ours to delete
+  PendingCheckpoint ours(tmp.path(), 600);                            // this process's save in progress
+  apply_retention(tmp.path(), 2);
+  EXPECT_EQ(complete_steps(tmp.path()), (std::vector<int64_t>{200, 400, 500}));
+  EXPECT_FALSE(fs::exists(tmp.path() / ".tmp-step-000600-999999999"));
+  EXPECT_TRUE(fs::exists(ours.path()));
+  EXPECT_TRUE(fs::exists(tmp.path() / "step-000050"));
+
+  write_text(tmp.path() / "latest", "step-000500\n");
+  apply_retention(tmp.path(), 1);
+  EXPECT_EQ(complete_steps(tmp.path()), std::vector<int64_t>{500});
+}
+
+// ---- crash safety ---------------------------------------------------------
+
+/// Where the child process kills itself: a commit stage, or one of the points
+/// while it is still writing files (before commit() starts).
+struct KillPoint {
+  std::string stage;  // a commit_stages() name, or "wrote_first_file" / "wrote_all_files"
+};
+
+std::vector<KillPoint> kill_points() {
+  std::vector<KillPoint> points = {{"wrote_first_file"}, {"wrote_all_files"}};
+  for (std::string_view stage : commit_stages()) points.push_back({std::string(stage)});
+  return points;
+}
+
+/// Forks a child that saves `step` (files of `bytes` bytes) into `root` and
+/// SIGKILLs itself at `point`; returns true when it died of SIGKILL.
+bool save_in_child_and_kill(const fs::path& root, int64_t step, size_t bytes, const std::string& point) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    // Child: no gtest assertions here; report only through the exit status.
+    try {
+      auto die_at = [&](std::string_view stage) {
+        if (stage == point) ::raise(SIGKILL);
+      };
+      PendingCheckpoint pending(root, step, die_at);
+      write_text(pending.path() / "model.safetensors", std::string(bytes, 'm'));
+      die_at("wrote_first_file");
+      write_text(pending.path() / "trainer_state.json", std::string(bytes / 2 + 1, 's'));
+      die_at("wrote_all_files");
+      pending.commit({"model.safetensors", "trainer_state.json"});
+    } catch (...) {
+      ::_exit(2);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
+
+int stage_index(const std::string& stage) {
+  auto stages = commit_stages();
+  for (size_t i = 0; i < stages.size(); ++i)
+    if (stages[i] == stage) return static_cast<int>(i);
+  return -1;
+}
+
+TEST(CrashSafety, StagesAreDistinctAndReported) {
+  TempRoot tmp;
+  std::vector<std::string> seen;
+  PendingCheckpoint pending(tmp.path(), 1, [&](std::string_view s) { seen.emplace_back(s); });
+  pending.commit(write_payload(pending, 10));
+  ASSERT_EQ(seen.size(), commit_stages().size());
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], commit_stages()[i]);
+  EXPECT_GE(kill_points().size(), 10u);
+}
+
+TEST(CrashSafety, KillAtEveryStageOfNewSave) {
+  int latest_renamed = stage_index("latest_renamed");
+  int renamed = stage_index("renamed");
+  for (const KillPoint& point : kill_points()) {
+    SCOPED_TRACE("killed at " + point.stage);
+    TempRoot tmp;
+    save(tmp.path(), 100);
+    ASSERT_TRUE(save_in_child_and_kill(tmp.path(), 200, 100, point.stage));
+    int k = stage_index(point.stage);  // -1 for the points before commit()
+    bool new_is_latest = k >= latest_renamed;
+    EXPECT_EQ(read_text(tmp.path() / "latest"), new_is_latest ? "step-000200\n" : "step-000100\n");
+    auto choice = choose_resume(tmp.path());
+    ASSERT_TRUE(choice);
+    EXPECT_EQ(choice->step, new_is_latest ? 200 : 100);
+    EXPECT_EQ(choice->note, "");  // latest always names a complete checkpoint
+    EXPECT_EQ(incomplete_reason(choice->path, choice->step), "");
+    std::vector<int64_t> want = {100};
+    if (k >= renamed) want.push_back(200);
+    EXPECT_EQ(complete_steps(tmp.path()), want);
+    // The next run cleans up the dead child's temporary directory.
+    apply_retention(tmp.path(), 0);
+    for (const auto& entry : fs::directory_iterator(tmp.path()))
+      EXPECT_FALSE(entry.path().filename().string().starts_with(".tmp-")) << entry.path();
+  }
+}
+
+TEST(CrashSafety, KillAtEveryStageOfResaveOfLatestStep) {
+  int renamed = stage_index("renamed");
+  for (const KillPoint& point : kill_points()) {
+    SCOPED_TRACE("killed at " + point.stage);
+    TempRoot tmp;
+    save(tmp.path(), 100);
+    save(tmp.path(), 200, 100);
+    ASSERT_TRUE(save_in_child_and_kill(tmp.path(), 200, 300, point.stage));
+    EXPECT_EQ(read_text(tmp.path() / "latest"), "step-000200\n");
+    auto choice = choose_resume(tmp.path());
+    ASSERT_TRUE(choice);
+    // step-000200 is complete at every instant: old contents until the swap, new after.
+    EXPECT_EQ(choice->step, 200);
+    EXPECT_EQ(choice->note, "");
+    int k = stage_index(point.stage);
+    EXPECT_EQ(fs::file_size(tmp.path() / "step-000200" / "model.safetensors"), k >= renamed ? 300u : 100u);
+  }
+}
+
+}  // namespace
+}  // namespace st::checkpoint
