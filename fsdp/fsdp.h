@@ -98,6 +98,9 @@ class ShardedModel {
   double grad_norm_squared();
   /// This rank's pieces of the master weights as state entries (kind "master").
   std::vector<StateEntry> master_entries() const;
+  /// The same pieces over other shard-shaped F32 buffers, one per segment in
+  /// segments() order (optimizer state: "exp_avg", "exp_avg_sq", ...).
+  std::vector<StateEntry> shard_entries(const std::vector<Tensor>& per_segment, const std::string& kind) const;
   /// The full F32 value of every parameter (gathered; collective), by FQN.
   std::vector<std::pair<std::string, std::vector<float>>> full_parameters();
 

@@ -439,11 +439,22 @@ struct ShardedModel::Impl {
   }
 
   std::vector<StateEntry> master_entries() const {
+    std::vector<Tensor> masters;
+    for (const FlatParam& unit : units) masters.push_back(unit.master);
+    return shard_entries(masters, "master");
+  }
+
+  std::vector<StateEntry> shard_entries(const std::vector<Tensor>& per_unit, const std::string& kind) const {
+    ST_CHECK(per_unit.size() == units.size(), "shard_entries({}): {} buffers for {} units", kind, per_unit.size(),
+             units.size());
     std::vector<StateEntry> entries;
-    for (const FlatParam& unit : units) {
+    for (size_t u = 0; u < units.size(); ++u) {
+      const FlatParam& unit = units[u];
+      ST_CHECK(per_unit[u].numel() == unit.shard_size && per_unit[u].dtype() == DType::F32,
+               "shard_entries({}): buffer {} is {}, expected F32 [{}]", kind, u, per_unit[u].str(), unit.shard_size);
       for (const Piece& piece : unit.pieces) {
-        entries.push_back({piece.fqn, "master", piece.param->shape, DType::F32, piece.begin,
-                           unit.master.flat_slice(piece.offset, piece.count)});
+        entries.push_back({piece.fqn, kind, piece.param->shape, DType::F32, piece.begin,
+                           per_unit[u].flat_slice(piece.offset, piece.count)});
       }
     }
     return entries;
@@ -527,6 +538,10 @@ void ShardedModel::finish_grad_sync() { impl_->finish_grad_sync(); }
 const std::vector<optim::Segment>& ShardedModel::segments() const { return impl_->segments; }
 double ShardedModel::grad_norm_squared() { return impl_->grad_norm_squared(); }
 std::vector<StateEntry> ShardedModel::master_entries() const { return impl_->master_entries(); }
+std::vector<StateEntry> ShardedModel::shard_entries(const std::vector<Tensor>& per_segment,
+                                                    const std::string& kind) const {
+  return impl_->shard_entries(per_segment, kind);
+}
 std::vector<std::pair<std::string, std::vector<float>>> ShardedModel::full_parameters() {
   return impl_->full_parameters();
 }

@@ -54,6 +54,13 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
       args.self_check = true;
     } else if (flag == "--list-keys") {
       args.list_keys = true;
+    } else if (flag == "--stop-after") {
+      std::string n = take_value();
+      ST_CHECK(is_positive_integer(n), "--stop-after {}: expected a positive integer", n);
+      args.stop_after = std::stoll(n);
+    } else if (flag == "--resume") {
+      args.resume = take_value();
+      ST_CHECK(!args.resume.empty(), "--resume needs auto, never or a checkpoint directory");
     } else if (flag == "--print-config") {
       args.print_config = true;
     } else if (flag == "--log-level") {
@@ -69,11 +76,15 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
 
 std::string trainer_usage() {
   std::ostringstream os;
-  os << "usage: trainer --config FILE [--set key=value]... [--steps N] [--print-config] [--log-level L]\n"
+  os << "usage: trainer --config FILE [--set key=value]... [--steps N] [--stop-after N] [--resume auto|never|PATH]\n"
+        "               [--print-config] [--log-level L]\n"
         "       trainer --config FILE --self-check\n\n"
         "  --config FILE      YAML configuration (see configs/)\n"
         "  --set key=value    override one configuration key; repeatable; e.g. --set fsdp.sharding_strategy=NO_SHARD\n"
         "  --steps N          same as --set train.steps=N\n"
+        "  --stop-after N     end this process after step N as if preempted: save a checkpoint (when\n"
+        "                     checkpoint.dir is set) and exit 0\n"
+        "  --resume R         auto (newest complete checkpoint in checkpoint.dir), never (default) or a directory\n"
         "  --print-config     print the resolved configuration as YAML and exit\n"
         "  --log-level L      debug | info | warn | error (overrides logging.level)\n"
         "  --self-check       check every collective on known inputs and measure bus bandwidth, then exit\n"

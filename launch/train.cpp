@@ -7,6 +7,7 @@
 #include "core/cuda/cuda_runtime.h"
 #include "core/ops.h"
 #include "fsdp/fsdp.h"
+#include "launch/checkpointing.h"
 #include "launch/data.h"
 #include "launch/metrics.h"
 #include "models/model.h"
@@ -63,9 +64,11 @@ int64_t accumulation_steps(const TrainConfig& train, int world_size) {
   return train.global_batch_size / per_step;
 }
 
-TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int local_size) {
+TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int local_size,
+                  const TrainOptions& options) {
   const TrainConfig& tc = config.train;
   const int64_t accum = accumulation_steps(tc, world.size());
+  check_checkpoint_config(config, options.resume);
   ST_CHECK(tc.device != DeviceKind::Cuda, "train.device: cuda training arrives with the CUDA backend; use cpu or auto");
   if (tc.device == DeviceKind::Auto && cuda::device_count() > 0) {
     log.warn0("train.device auto: a GPU is visible but training on it arrives with the CUDA backend; using the CPU");
@@ -110,9 +113,15 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   TrainResult result;
   result.num_parameters = n_params;
   int64_t consumed = 0;
+  int64_t first_step = 0;
+  if (std::optional<ResumePoint> point = load_checkpoint(config, options.resume, sharded, *optimizer, world, log)) {
+    first_step = point->step;
+    consumed = point->consumed;
+  }
+  const int64_t last_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
   const auto run_start = Clock::now();
   double timed_seconds = 0;
-  for (int64_t step = 0; step < tc.steps; ++step) {
+  for (int64_t step = first_step; step < last_step; ++step) {
     const auto step_start = Clock::now();
     cpu_allocator().reset_peak();
 
@@ -164,7 +173,7 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     consumed += tc.global_batch_size;
 
     const double step_seconds = seconds_since(step_start);
-    if (step > 0) timed_seconds += step_seconds;  // the first step includes warm-up
+    if (step > first_step) timed_seconds += step_seconds;  // the first step includes warm-up
     result.losses.push_back(loss);
     const double elapsed = seconds_since(run_start);
     StepMetrics sm;
@@ -175,19 +184,27 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     sm.grad_norm = grad_norm;
     sm.tokens_per_s = tokens_per_sample * static_cast<double>(tc.global_batch_size) / step_seconds;
     sm.elapsed_s = elapsed;
-    sm.eta_s = elapsed / static_cast<double>(step + 1) * static_cast<double>(tc.steps - step - 1);
+    sm.eta_s = elapsed / static_cast<double>(step + 1 - first_step) * static_cast<double>(tc.steps - step - 1);
     sm.peak_bytes = cpu_allocator().stats().peak_bytes;
     if ((step + 1) % config.logging.interval == 0 || step + 1 == tc.steps) {
       log.info0("{}", format_step_line(sm));
       metrics.append(sm);
     }
+    const int64_t interval = config.checkpoint.interval;
+    const bool save_now = (interval > 0 && (step + 1) % interval == 0) || step + 1 == last_step;
+    if (!config.checkpoint.dir.empty() && save_now) {
+      save_checkpoint(config, step + 1, consumed, sharded, *optimizer, world, log);
+    }
   }
-  if (tc.steps > 1) {
-    result.tokens_per_s = tokens_per_sample * static_cast<double>(tc.global_batch_size) *
-                          static_cast<double>(tc.steps - 1) / timed_seconds;
+  if (last_step < tc.steps) log.info0("stopped after step {} of {} (--stop-after)", last_step, tc.steps);
+  // The first step of this process includes warm-up, so it is not timed.
+  const int64_t timed_steps = last_step - first_step - 1;
+  if (timed_steps > 0) {
+    result.tokens_per_s =
+        tokens_per_sample * static_cast<double>(tc.global_batch_size) * static_cast<double>(timed_steps) / timed_seconds;
   }
-  log.info0("done: {} steps, final loss {:.4f}, {:.0f} tokens/s (steps 2..{})", tc.steps,
-            result.losses.empty() ? 0.0 : result.losses.back(), result.tokens_per_s, tc.steps);
+  log.info0("done: steps {}..{}, final loss {:.4f}, {:.0f} tokens/s", first_step + 1, last_step,
+            result.losses.empty() ? 0.0 : result.losses.back(), result.tokens_per_s);
   return result;
 }
 

@@ -2,6 +2,7 @@
 // The training loop: the model sharded by fsdp::ShardedModel (any strategy,
 // mixed precision, recomputation), the optimizer on this rank's flat shards.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/comm.h"
@@ -9,6 +10,12 @@
 #include "core/log.h"
 
 namespace st::launch {
+
+/// Run control from the command line.
+struct TrainOptions {
+  int64_t stop_after = 0;        // save and stop after this step (0: run to train.steps)
+  std::string resume = "never";  // auto | never | checkpoint directory
+};
 
 struct TrainResult {
   std::vector<double> losses;  // per completed step, mean over the global batch
@@ -20,7 +27,8 @@ struct TrainResult {
 /// rank calls it with the same config. Rank 0 logs and writes metrics.
 /// `local_size` (ranks per host) sizes HYBRID_SHARD groups when
 /// fsdp.shard_group_size is 0.
-TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int local_size = 1);
+TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int local_size = 1,
+                  const TrainOptions& options = {});
 
 /// Micro-batches per rank per step: global_batch / (world * micro_batch);
 /// an error naming the three numbers when they do not divide.

@@ -45,6 +45,14 @@ TEST(TrainerArgs, Errors) {
             "--set train.steps: expected key=value, e.g. --set train.steps=20");
 }
 
+TEST(TrainerArgs, StopAfterAndResume) {
+  TrainerArgs a = parse_trainer_args({"--config", "c.yaml", "--stop-after", "10", "--resume", "auto"});
+  EXPECT_EQ(a.stop_after, 10);
+  EXPECT_EQ(a.resume, "auto");
+  EXPECT_EQ(parse_trainer_args({"--config", "c.yaml"}).resume, "never");
+  EXPECT_EQ(error_of({"--config", "c.yaml", "--stop-after", "-1"}), "--stop-after -1: expected a positive integer");
+}
+
 TEST(TrainerArgs, HelpNeedsNoConfigAndListsKeys) {
   EXPECT_TRUE(parse_trainer_args({"--help"}).help);
   std::string usage = trainer_usage();
