@@ -128,7 +128,8 @@ void visit_schema(C& c, V&& v) {
   auto& o = c.optim;
   v(Key("optim.name", "adamw | sgd"), o.name);
   v(Key("optim.lr", "peak learning rate"), o.lr);
-  v(Key("optim.weight_decay", "on parameters with >= 2 dims only (AdamW: decoupled; SGD: L2, as torch)"), o.weight_decay);
+  v(Key("optim.weight_decay", "on parameters with >= 2 dims only (AdamW: decoupled; SGD: L2, as torch)"),
+    o.weight_decay);
   v(Key("optim.beta1", "AdamW first-moment decay"), o.beta1);
   v(Key("optim.beta2", "AdamW second-moment decay"), o.beta2);
   v(Key("optim.eps", "AdamW denominator epsilon"), o.eps);

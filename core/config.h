@@ -42,6 +42,9 @@ std::string_view to_string(PrecisionKind v);
 std::string_view to_string(RecomputeMode v);
 std::string_view to_string(CheckpointFormat v);
 
+// One field per line with its doc comment: tests/test_config.cpp checks each
+// comment against the schema's doc string, so the layout is kept as written.
+// clang-format off
 struct ModelConfig {
   std::string name = "llama";          // "llama" or "toy" (the DCP tutorial's Linear(16,16)-ReLU-Linear(16,8))
   int64_t vocab_size = 32000;          // tokens in the vocabulary (256 for byte-level text)
@@ -154,6 +157,8 @@ struct LoggingConfig {
 
   bool operator==(const LoggingConfig&) const = default;
 };
+
+// clang-format on
 
 struct Config {
   ModelConfig model;

@@ -14,8 +14,8 @@ enum class Transpose : uint8_t { No, Yes };
 /// c: [M, N]. a, b, c may each be F32 or BF16; accumulation is F32 and c is
 /// rounded once. Leading dimensions of a and b are flattened (a [B, T, K]
 /// is [B*T, K]). beta == 0 ignores c's old contents (even NaN).
-void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, const Tensor& c,
-          float alpha = 1.0f, float beta = 0.0f);
+void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, const Tensor& c, float alpha = 1.0f,
+          float beta = 0.0f);
 
 /// out = a + b (same numel; any mix of F32/BF16; out may alias a or b).
 void add(const Tensor& a, const Tensor& b, const Tensor& out);

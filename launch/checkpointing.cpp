@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/commit.h"
@@ -101,9 +102,8 @@ void save_checkpoint(const Config& config, int64_t step, int64_t consumed, fsdp:
             checkpoint::step_dir_name(step), total.data<float>()[0] / 1e6, secs, total.data<float>()[0] / secs / 1e9);
 }
 
-std::optional<ResumePoint> load_checkpoint(const Config& config, const std::string& resume,
-                                           fsdp::ShardedModel& model, optim::Optimizer& optimizer,
-                                           ProcessGroup& world, Logger& log) {
+std::optional<ResumePoint> load_checkpoint(const Config& config, const std::string& resume, fsdp::ShardedModel& model,
+                                           optim::Optimizer& optimizer, ProcessGroup& world, Logger& log) {
   if (resume.empty() || resume == "never") return std::nullopt;
   std::string path = resume;
   if (resume == "auto") {
@@ -129,8 +129,7 @@ std::optional<ResumePoint> load_checkpoint(const Config& config, const std::stri
            "{} lacks step, consumed_samples or optimizer_steps", state_path);
 
   std::vector<StateEntry> entries = training_state(model, optimizer);
-  checkpoint::load_sharded(path, entries,
-                           config.checkpoint.verify ? checkpoint::Verify::Yes : checkpoint::Verify::No);
+  checkpoint::load_sharded(path, entries, config.checkpoint.verify ? checkpoint::Verify::Yes : checkpoint::Verify::No);
   optimizer.set_step_count(state["optimizer_steps"].get<int64_t>());
   ResumePoint point{state["step"].get<int64_t>(), state["consumed_samples"].get<int64_t>(), path};
   world.barrier().wait();

@@ -31,9 +31,8 @@ void save_checkpoint(const Config& config, int64_t step, int64_t consumed, fsdp:
 /// checkpoint.dir (nullopt when there is none; a broken `latest` is reported
 /// and skipped); anything else is a checkpoint directory that must load.
 /// Fills master weights and optimizer state in place (collective).
-std::optional<ResumePoint> load_checkpoint(const Config& config, const std::string& resume,
-                                           fsdp::ShardedModel& model, optim::Optimizer& optimizer,
-                                           ProcessGroup& world, Logger& log);
+std::optional<ResumePoint> load_checkpoint(const Config& config, const std::string& resume, fsdp::ShardedModel& model,
+                                           optim::Optimizer& optimizer, ProcessGroup& world, Logger& log);
 
 /// Rejects what is configured but not built yet, before any step runs.
 void check_checkpoint_config(const Config& config, const std::string& resume);

@@ -64,8 +64,7 @@ int64_t accumulation_steps(const TrainConfig& train, int world_size) {
   return train.global_batch_size / per_step;
 }
 
-TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int local_size,
-                  const TrainOptions& options) {
+TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int local_size, const TrainOptions& options) {
   const TrainConfig& tc = config.train;
   const int64_t accum = accumulation_steps(tc, world.size());
   check_checkpoint_config(config, options.resume);
@@ -200,8 +199,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   // The first step of this process includes warm-up, so it is not timed.
   const int64_t timed_steps = last_step - first_step - 1;
   if (timed_steps > 0) {
-    result.tokens_per_s =
-        tokens_per_sample * static_cast<double>(tc.global_batch_size) * static_cast<double>(timed_steps) / timed_seconds;
+    result.tokens_per_s = tokens_per_sample * static_cast<double>(tc.global_batch_size) *
+                          static_cast<double>(timed_steps) / timed_seconds;
   }
   log.info0("done: steps {}..{}, final loss {:.4f}, {:.0f} tokens/s", first_step + 1, last_step,
             result.losses.empty() ? 0.0 : result.losses.back(), result.tokens_per_s);

@@ -22,9 +22,9 @@
 #include <mpi.h>
 #include <unistd.h>
 
-#include "tests/test_util.h"
 #include "core/comm.h"
 #include "tests/mpi_env.h"
+#include "tests/test_util.h"
 
 namespace st {
 namespace {

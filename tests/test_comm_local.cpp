@@ -10,8 +10,8 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/test_util.h"
 #include "core/comm.h"
+#include "tests/test_util.h"
 
 namespace st {
 namespace {

@@ -10,9 +10,9 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/test_util.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "tests/test_util.h"
 
 namespace st {
 namespace {

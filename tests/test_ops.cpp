@@ -14,9 +14,9 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/test_util.h"
 #include "core/cuda/cuda_runtime.h"
 #include "core/ops.h"
+#include "tests/test_util.h"
 
 namespace {
 

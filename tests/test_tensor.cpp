@@ -6,10 +6,10 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/test_util.h"
 #include "core/allocator.h"
 #include "core/cuda/cuda_runtime.h"
 #include "core/tensor.h"
+#include "tests/test_util.h"
 
 namespace {
 

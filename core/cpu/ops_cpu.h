@@ -5,8 +5,8 @@
 
 namespace st::cpu {
 
-void gemm(const Tensor& a, ops::Transpose ta, const Tensor& b, ops::Transpose tb, const Tensor& c,
-          int64_t m, int64_t n, int64_t k, float alpha, float beta);
+void gemm(const Tensor& a, ops::Transpose ta, const Tensor& b, ops::Transpose tb, const Tensor& c, int64_t m, int64_t n,
+          int64_t k, float alpha, float beta);
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void scale(const Tensor& x, float s);
 void axpy(float alpha, const Tensor& x, const Tensor& y);
