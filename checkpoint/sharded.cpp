@@ -54,30 +54,6 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   ST_CHECK(::fsync(dfd.get()) == 0, "fsync of directory '{}' failed: {}", parent, errno_text(errno));
 }
 
-// Every rank gets every rank's `text`, in rank order. The lengths travel first,
-// then the bytes packed into I32 words, padded to the longest text.
-std::vector<std::string> all_gather_strings(const std::string& text, ProcessGroup& group) {
-  const int n = group.size();
-  ST_CHECK(text.size() < (size_t{1} << 30), "all_gather_strings: {} bytes is too long to send", text.size());
-  std::vector<int32_t> my_len{static_cast<int32_t>(text.size())};
-  Tensor lens = Tensor::zeros({n}, DType::I32);
-  group.all_gather(lens, Tensor::from_vector(my_len, {1})).wait();
-  std::span<const int32_t> len = lens.span<int32_t>();
-  int64_t max_words = 0;
-  for (int32_t l : len) max_words = std::max<int64_t>(max_words, (l + 3) / 4);
-  max_words = std::max<int64_t>(max_words, 1);
-
-  Tensor mine = Tensor::zeros({max_words}, DType::I32);
-  std::memcpy(mine.raw_data(), text.data(), text.size());
-  Tensor all = Tensor::zeros({n * max_words}, DType::I32);
-  group.all_gather(all, mine).wait();
-  std::vector<std::string> out(static_cast<size_t>(n));
-  const char* base = static_cast<const char*>(all.raw_data());
-  for (int r = 0; r < n; ++r)
-    out[static_cast<size_t>(r)].assign(base + r * max_words * 4, static_cast<size_t>(len[static_cast<size_t>(r)]));
-  return out;
-}
-
 // Runs `step` on this rank, then tells every rank whether any rank failed, so
 // a failure cannot leave the other ranks waiting in a later collective.
 template <class F>
@@ -201,7 +177,7 @@ void save_sharded(const std::string& dir, std::span<const StateEntry> entries, P
     }
   });
 
-  std::vector<std::string> lists = all_gather_strings(local.dump(), group);
+  std::vector<std::string> lists = all_gather_strings(group, local.dump());
 
   run_step_everywhere(group, "writing the index", [&] {
     if (rank != 0) return;

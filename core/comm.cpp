@@ -2,10 +2,12 @@
 // backend shares, launcher detection and the runtime that owns MPI.
 #include "core/comm.h"
 
+#include <algorithm>
 #include <charconv>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string_view>
 
@@ -300,6 +302,42 @@ CommRuntime::~CommRuntime() {
   int rc = MPI_Finalize();
   if (rc != MPI_SUCCESS)
     std::fprintf(stderr, "shardtrain: MPI_Finalize failed: %s\n", detail::mpi_error_string(rc).c_str());
+}
+
+namespace {
+constexpr size_t kMaxStringBytes = size_t{1} << 30;
+int64_t words_for(int64_t bytes) { return std::max<int64_t>((bytes + 3) / 4, 1); }
+}  // namespace
+
+std::string broadcast_string(ProcessGroup& group, const std::string& text, int root) {
+  ST_CHECK(text.size() < kMaxStringBytes, "broadcast_string: {} bytes is too long to send", text.size());
+  Tensor length = Tensor::from_vector(std::vector<int32_t>{static_cast<int32_t>(text.size())}, {1});
+  group.broadcast(length, {.root = root}).wait();
+  const int64_t n = length.data<int32_t>()[0];
+  Tensor words = Tensor::zeros({words_for(n)}, DType::I32);
+  if (group.rank() == root) std::memcpy(words.raw_data(), text.data(), text.size());
+  group.broadcast(words, {.root = root}).wait();
+  return std::string(static_cast<const char*>(words.raw_data()), static_cast<size_t>(n));
+}
+
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& text) {
+  ST_CHECK(text.size() < kMaxStringBytes, "all_gather_strings: {} bytes is too long to send", text.size());
+  const int n = group.size();
+  Tensor lengths = Tensor::zeros({n}, DType::I32);
+  group.all_gather(lengths, Tensor::from_vector(std::vector<int32_t>{static_cast<int32_t>(text.size())}, {1})).wait();
+  std::span<const int32_t> len = lengths.span<int32_t>();
+  int64_t max_words = 1;
+  for (int32_t l : len) max_words = std::max(max_words, words_for(l));
+  Tensor mine = Tensor::zeros({max_words}, DType::I32);
+  std::memcpy(mine.raw_data(), text.data(), text.size());
+  Tensor all = Tensor::zeros({n * max_words}, DType::I32);
+  group.all_gather(all, mine).wait();
+  std::vector<std::string> out(static_cast<size_t>(n));
+  const char* base = static_cast<const char*>(all.raw_data());
+  for (int r = 0; r < n; ++r) {
+    out[static_cast<size_t>(r)].assign(base + r * max_words * 4, static_cast<size_t>(len[static_cast<size_t>(r)]));
+  }
+  return out;
 }
 
 }  // namespace st

@@ -155,6 +155,12 @@ class CommRuntime {
   std::unique_ptr<ProcessGroup> world_;
 };
 
+/// `text` of rank `root`, on every rank of `group` (collective). Strings travel
+/// as their length, then their bytes packed into I32 words.
+std::string broadcast_string(ProcessGroup& group, const std::string& text, int root = 0);
+/// Every rank's `text`, indexed by rank (collective).
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& text);
+
 /// A world-size-1 group: every collective is a copy (or nothing) and completes at once.
 std::unique_ptr<ProcessGroup> make_local_group();
 /// The MPI_COMM_WORLD group; MPI must be initialised (CommRuntime does it).

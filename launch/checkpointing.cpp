@@ -17,17 +17,6 @@ namespace {
 
 constexpr const char* kTrainerState = "trainer_state.json";
 
-// Every rank writes into rank 0's temporary directory, whose name has rank 0's pid.
-std::string broadcast_string(const std::string& s, ProcessGroup& world) {
-  Tensor length = Tensor::from_vector(std::vector<int32_t>{static_cast<int32_t>(s.size())}, {1});
-  world.broadcast(length).wait();
-  const int64_t n = length.data<int32_t>()[0];
-  Tensor words = Tensor::zeros({(n + 3) / 4}, DType::I32);
-  if (world.rank() == 0 && n > 0) std::memcpy(words.raw_data(), s.data(), static_cast<size_t>(n));
-  world.broadcast(words).wait();
-  return std::string(static_cast<const char*>(words.raw_data()), static_cast<size_t>(n));
-}
-
 // Master weights plus every optimizer state buffer, as (FQN, kind) entries.
 std::vector<StateEntry> training_state(fsdp::ShardedModel& model, optim::Optimizer& optimizer) {
   std::vector<StateEntry> entries = model.master_entries();
@@ -69,7 +58,8 @@ void save_checkpoint(const Config& config, int64_t step, int64_t consumed, fsdp:
     pending.emplace(config.checkpoint.dir, step);
     tmp = pending->path().string();
   }
-  tmp = broadcast_string(tmp, world);
+  // Every rank writes into rank 0's temporary directory, named with rank 0's pid.
+  tmp = broadcast_string(world, tmp);
 
   std::vector<StateEntry> entries = training_state(model, optimizer);
   int64_t bytes = 0;

@@ -139,17 +139,13 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
       const Tensor& x = inputs[static_cast<size_t>(m)];
       const Tensor& y = targets[static_cast<size_t>(m)];
       Tensor out = sharded.forward(x);
-      ops::LossSum loss;
-      if (loss_kind == models::LossKind::CrossEntropy) {
-        const int64_t vocab = out.size(-1);
-        Tensor logits = out.view({-1, vocab});  // (B*T, V); the gradient overwrites the logits
-        loss = ops::cross_entropy(logits, y.view({-1}), kIgnoreIndex, grad_scale, logits);
-        sharded.backward(out);
-      } else {
-        Tensor dout = Tensor::empty(out.shape(), out.dtype());
-        loss = ops::mse(out, y, grad_scale, dout);
-        sharded.backward(dout);
-      }
+      // Both losses write their gradient over the output, which backward no
+      // longer needs (layers keep their inputs), so nothing is allocated here.
+      const ops::LossSum loss = loss_kind == models::LossKind::CrossEntropy
+                                    ? ops::cross_entropy(out.view({-1, out.size(-1)}), y.view({-1}), kIgnoreIndex,
+                                                         grad_scale, out.view({-1, out.size(-1)}))
+                                    : ops::mse(out, y, grad_scale, out);
+      sharded.backward(out);
       local_loss_sum += loss.sum;
     }
 
@@ -185,7 +181,7 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     sm.elapsed_s = elapsed;
     sm.eta_s = elapsed / static_cast<double>(step + 1 - first_step) * static_cast<double>(tc.steps - step - 1);
     sm.peak_bytes = cpu_allocator().stats().peak_bytes;
-    if ((step + 1) % config.logging.interval == 0 || step + 1 == tc.steps) {
+    if ((step + 1) % config.logging.interval == 0 || step + 1 == last_step) {
       log.info0("{}", format_step_line(sm));
       metrics.append(sm);
     }

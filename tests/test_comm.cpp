@@ -459,3 +459,21 @@ TEST(CommErrors, ArgumentSizesAreCheckedAtTheCallOnEveryRank) {
 
 }  // namespace
 }  // namespace st
+
+namespace st {
+namespace {
+
+TEST(CommStrings, BroadcastAndAllGatherStrings) {
+  ProcessGroup& w = test::world();
+  const int p = w.size();
+  // Lengths 0, 1, 2, ... bytes: some not a multiple of the 4-byte word, one empty.
+  const std::string mine(static_cast<size_t>(w.rank()), static_cast<char>('a' + w.rank()));
+  std::vector<std::string> all = all_gather_strings(w, mine);
+  ASSERT_EQ(all.size(), static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r) EXPECT_EQ(all[static_cast<size_t>(r)], std::string(r, static_cast<char>('a' + r)));
+  const std::string from_last = broadcast_string(w, "root " + std::to_string(w.rank()) + " says hi", p - 1);
+  EXPECT_EQ(from_last, "root " + std::to_string(p - 1) + " says hi");
+}
+
+}  // namespace
+}  // namespace st

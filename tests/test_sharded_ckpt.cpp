@@ -104,14 +104,7 @@ std::string shared_temp_dir(ProcessGroup& g) {
     std::string templ = (fs::temp_directory_path() / "st_sharded_XXXXXX").string();
     path = ::mkdtemp(templ.data()) ? templ : "";
   }
-  std::vector<int32_t> len{static_cast<int32_t>(path.size())};
-  Tensor len_t = Tensor::from_vector(len, {1});
-  g.broadcast(len_t).wait();
-  int64_t words = (len_t.data<int32_t>()[0] + 3) / 4 + 1;
-  Tensor buf = Tensor::zeros({words}, DType::I32);
-  if (g.rank() == 0) std::memcpy(buf.raw_data(), path.data(), path.size());
-  g.broadcast(buf).wait();
-  return std::string(static_cast<const char*>(buf.raw_data()), static_cast<size_t>(len_t.data<int32_t>()[0]));
+  return broadcast_string(g, path);
 }
 
 // Removes the directory at the end of a test, after every rank is done with it.
