@@ -74,7 +74,7 @@ struct TrainConfig {
 };
 
 struct DataConfig {
-  DataKind kind = DataKind::Synthetic;  // synthetic (seeded random tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)
+  DataKind kind = DataKind::Synthetic;  // synthetic (seeded learnable Markov-chain tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)
   std::string path;                     // file or directory for text/tokens; unused for synthetic
   TokenDType token_dtype = TokenDType::U16;  // token width of headerless tokens files (llm.c shards give their own)
 
