@@ -99,12 +99,14 @@ std::string trainer_usage() {
 std::string config_keys_markdown() {
   std::ostringstream os;
   os << "| key | type | default | meaning |\n|---|---|---|---|\n";
+  // A '|' inside a table cell must be escaped.
+  auto cell = [](std::string text) {
+    for (size_t p = text.find('|'); p != std::string::npos; p = text.find('|', p + 2)) text.replace(p, 1, "\\|");
+    return text;
+  };
   for (const ConfigKeyDoc& k : config_keys()) {
-    std::string type = k.type;
-    // A '|' inside a table cell must be escaped.
-    for (size_t p = type.find('|'); p != std::string::npos; p = type.find('|', p + 2)) type.replace(p, 1, "\\|");
     std::string def = k.default_value.empty() ? "" : "`" + k.default_value + "`";
-    os << "| `" << k.key << "` | " << type << " | " << def << " | " << k.doc << " |\n";
+    os << "| `" << k.key << "` | " << cell(k.type) << " | " << def << " | " << cell(k.doc) << " |\n";
   }
   return os.str();
 }
