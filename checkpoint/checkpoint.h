@@ -50,9 +50,13 @@ inline constexpr std::string_view kMasterKind = "master";
 struct SaveOptions {
   Layout layout = Layout::Unified;
   // Unified only (the sharded layout stores every kind as it is):
-  bool model_weights = true;        // write "master" entries as model-* (model_dtype)
-  bool master_weights = true;       // write "master" entries as master_weights-* (F32)
-  DType model_dtype = DType::F32;   // dtype of the model-* tensors
+  bool model_weights = true;       // write "master" entries as model-* (model_dtype)
+  bool master_weights = true;      // write "master" entries as master_weights-* (F32)
+  DType model_dtype = DType::F32;  // dtype of the model-* tensors
+  // Copy the data this rank writes into buffers of its own during
+  // stage_save (needed when the entries change before write(), e.g. an async
+  // save). Without it the sharded saver writes from the entries' memory.
+  bool snapshot = true;
 };
 
 /// "model-00002-of-00004.safetensors".

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <stdlib.h>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded.h"
 #include "core/comm.h"
@@ -37,6 +39,10 @@ const std::vector<TensorSpec>& specs() {
 // The known value of element i of tensor t: distinct per tensor and element,
 // and not exactly representable in BF16, so rounding is visible.
 float value_of(size_t t, int64_t i) { return static_cast<float>(t) * 100.0f + static_cast<float>(i) * 1.37f + 0.011f; }
+// The same for another kind: optimizer state differs from the weights.
+float value_of(size_t t, int64_t i, const std::string& kind) {
+  return value_of(t, i) + (kind == "master" ? 0.0f : 0.5f);
+}
 
 struct Range {
   int64_t begin;
@@ -57,15 +63,16 @@ Range reversed_range(int64_t n, int rank, int world) {
   return {b, n * (r + 1) / world - b};
 }
 
-std::vector<StateEntry> make_entries(Range (*range)(int64_t, int, int), int rank, int world, DType dtype, bool fill) {
+std::vector<StateEntry> make_entries(Range (*range)(int64_t, int, int), int rank, int world, DType dtype, bool fill,
+                                     const std::string& kind = "master") {
   std::vector<StateEntry> out;
   for (size_t t = 0; t < specs().size(); ++t) {
     const TensorSpec& s = specs()[t];
     Range r = range(shape_numel(s.shape), rank, world);
     std::vector<float> vals(static_cast<size_t>(r.numel), -1.0f);
     if (fill)
-      for (int64_t i = 0; i < r.numel; ++i) vals[static_cast<size_t>(i)] = value_of(t, r.begin + i);
-    out.push_back(StateEntry{s.fqn, "master", s.shape, dtype, r.begin, Tensor::from_floats(vals, {r.numel}, dtype)});
+      for (int64_t i = 0; i < r.numel; ++i) vals[static_cast<size_t>(i)] = value_of(t, r.begin + i, kind);
+    out.push_back(StateEntry{s.fqn, kind, s.shape, dtype, r.begin, Tensor::from_floats(vals, {r.numel}, dtype)});
   }
   return out;
 }
@@ -78,7 +85,7 @@ int64_t count_wrong(const std::vector<StateEntry>& entries) {
   for (size_t t = 0; t < entries.size(); ++t) {
     std::vector<float> got = entries[t].local.to_floats();
     for (size_t i = 0; i < got.size(); ++i) {
-      float want = value_of(t, entries[t].begin + static_cast<int64_t>(i));
+      float want = value_of(t % specs().size(), entries[t].begin + static_cast<int64_t>(i), entries[t].kind);
       if (entries[t].local.dtype() == DType::BF16) want = round_to_bf16(want);
       if (got[i] != want) ++wrong;
     }
@@ -233,7 +240,7 @@ TEST(ShardedCheckpoint, ShapeMismatchNamesBothShapes) {
   std::vector<StateEntry> loaded = make_entries(full_range, g.rank(), g.size(), DType::F32, false);
   loaded[1].global_shape = {3, 10};
   EXPECT_EQ(error_of([&] { load_sharded(dir.path(), loaded, Verify::No); }),
-            "tensor b.weight kind master: checkpoint has shape [10, 3], model has [3, 10]");
+            "tensor b.weight kind master: checkpoint '" + dir.path() + "' has shape [10, 3], the model has [3, 10]");
 }
 
 TEST(ShardedCheckpoint, FlippedByteFailsVerificationNamingFileAndKey) {
@@ -257,7 +264,7 @@ TEST(ShardedCheckpoint, FlippedByteFailsVerificationNamingFileAndKey) {
   g.barrier().wait();
   std::vector<StateEntry> loaded = make_entries(full_range, g.rank(), g.size(), DType::F32, false);
   std::string err = error_of([&] { load_sharded(dir.path(), loaded, Verify::Yes); });
-  EXPECT_NE(err.find("checksum mismatch in '" + file + "' key '" + key + "'"), std::string::npos) << err;
+  EXPECT_NE(err.find("checksum mismatch in '" + file + "', tensor '" + key + "'"), std::string::npos) << err;
   // Without verification the load goes through and exactly one element is wrong.
   EXPECT_EQ(error_of([&] { load_sharded(dir.path(), loaded, Verify::No); }), "");
   EXPECT_EQ(count_wrong(loaded), 1);
@@ -287,6 +294,196 @@ TEST(ShardedCheckpoint, UnknownTensorIsNamed) {
   loaded[0].kind = "exp_avg";
   std::string err = error_of([&] { load_sharded(dir.path(), loaded, Verify::No); });
   EXPECT_EQ(err.rfind("tensor a.weight kind exp_avg is not in checkpoint", 0), 0u) << err;
+}
+
+// ---- Unified (Hugging Face) layout --------------------------------------------
+
+// Master weights and one optimizer kind, FSDP-partitioned (or as `range` says).
+std::vector<StateEntry> make_state(Range (*range)(int64_t, int, int), int rank, int world, bool fill) {
+  std::vector<StateEntry> out = make_entries(range, rank, world, DType::F32, fill, "master");
+  std::vector<StateEntry> opt = make_entries(range, rank, world, DType::F32, fill, "exp_avg");
+  out.insert(out.end(), opt.begin(), opt.end());
+  return out;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  out << j.dump(1);
+}
+
+std::string join(const std::string& dir, std::string_view name) { return (fs::path(dir) / name).string(); }
+
+void save_unified(const std::string& dir, ProcessGroup& g, SaveOptions options,
+                  Range (*range)(int64_t, int, int) = fsdp_range) {
+  std::vector<StateEntry> saved = make_state(range, g.rank(), g.size(), true);
+  options.layout = Layout::Unified;
+  EXPECT_EQ(error_of([&] { save(dir, saved, options, g); }), "");
+}
+
+// Loads master + exp_avg under a reversed partition; returns the error or "".
+std::string load_reversed(const std::string& dir, std::vector<StateEntry>& loaded, LoadOptions options = {}) {
+  ProcessGroup& g = test::world();
+  loaded = make_state(reversed_range, g.rank(), g.size(), false);
+  return error_of([&] { load_entries(read_catalog(dir), loaded, options); });
+}
+
+TEST(UnifiedCheckpoint, WritesHuggingFaceIndexAndFilesOfWholeTensors) {
+  ProcessGroup& g = test::world();
+  SharedDir dir(g);
+  save_unified(dir.path(), g, {.model_weights = true, .master_weights = false});
+  nlohmann::json model = read_json(join(dir.path(), kModelIndexName));
+  nlohmann::json opt = read_json(join(dir.path(), kOptimizerIndexName));
+  EXPECT_FALSE(fs::exists(join(dir.path(), kMasterIndexName)));
+  // Three tensors go to min(world, 3) owners; each file holds whole tensors.
+  const int n = std::min(g.size(), 3);
+  int64_t total = 0;
+  for (const TensorSpec& spec : specs()) {
+    const std::string file = model["weight_map"].value(spec.fqn, std::string());
+    ASSERT_FALSE(file.empty()) << spec.fqn;
+    EXPECT_EQ(file.substr(0, 6), "model-");
+    EXPECT_NE(file.find("-of-0000" + std::to_string(n) + ".safetensors"), std::string::npos) << file;
+    SafetensorsFile f(join(dir.path(), file));
+    EXPECT_EQ(f.info(spec.fqn).shape, spec.shape);
+    EXPECT_EQ(f.metadata().at("format"), "pt");
+    total += shape_numel(spec.shape) * 4;
+    EXPECT_EQ(opt["weight_map"].value(spec.fqn + ".exp_avg", std::string()).substr(0, 10), "optimizer-");
+    EXPECT_TRUE(model["crc32c"].contains(spec.fqn));
+  }
+  EXPECT_EQ(model["metadata"]["total_size"].get<int64_t>(), total);
+  EXPECT_EQ(model["metadata"]["format"], std::string(kUnifiedFormat));
+  // F32 model weights stand in for master weights exactly.
+  std::vector<StateEntry> loaded;
+  EXPECT_EQ(load_reversed(dir.path(), loaded), "");
+  EXPECT_EQ(count_wrong(loaded), 0);
+  Catalog cat = read_catalog(dir.path());
+  EXPECT_EQ(cat.format, "unified");
+  EXPECT_EQ(cat.world_size, g.size());
+}
+
+TEST(UnifiedCheckpoint, BF16ModelWeightsBesideExactMasterWeights) {
+  ProcessGroup& g = test::world();
+  SharedDir dir(g);
+  save_unified(dir.path(), g, {.model_weights = true, .master_weights = true, .model_dtype = DType::BF16});
+  nlohmann::json model = read_json(join(dir.path(), kModelIndexName));
+  const std::string file = model["weight_map"]["b.weight"].get<std::string>();
+  SafetensorsFile f(join(dir.path(), file));
+  EXPECT_EQ(f.info("b.weight").dtype, DType::BF16);
+  std::vector<float> b = f.read_tensor("b.weight").to_floats();
+  EXPECT_EQ(b[7], round_to_bf16(value_of(1, 7)));
+  std::vector<StateEntry> loaded;
+  EXPECT_EQ(load_reversed(dir.path(), loaded), "");
+  EXPECT_EQ(count_wrong(loaded), 0);  // from master_weights-*, not the rounded model weights
+}
+
+TEST(UnifiedCheckpoint, MasterFromBF16ModelWeightsOnlyWhenAsked) {
+  ProcessGroup& g = test::world();
+  SharedDir dir(g);
+  save_unified(dir.path(), g, {.model_weights = true, .master_weights = false, .model_dtype = DType::BF16});
+  std::vector<StateEntry> loaded;
+  std::string err = load_reversed(dir.path(), loaded);
+  EXPECT_NE(err.find("has no master weights, only BF16 model weights"), std::string::npos) << err;
+  EXPECT_NE(err.find("master_weight_compatible"), std::string::npos) << err;
+  EXPECT_EQ(load_reversed(dir.path(), loaded, {.master_from_model = true}), "");
+  int64_t wrong = 0;
+  for (size_t t = 0; t < specs().size(); ++t) {
+    std::vector<float> got = loaded[t].local.to_floats();
+    for (size_t i = 0; i < got.size(); ++i)
+      wrong += got[i] != round_to_bf16(value_of(t, loaded[t].begin + static_cast<int64_t>(i)));
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST(UnifiedCheckpoint, SkipModelWeightsKeepsMasterWeights) {
+  ProcessGroup& g = test::world();
+  SharedDir dir(g);
+  save_unified(dir.path(), g, {.model_weights = false, .master_weights = true});
+  EXPECT_FALSE(fs::exists(join(dir.path(), kModelIndexName)));
+  EXPECT_TRUE(fs::exists(join(dir.path(), kMasterIndexName)));
+  std::vector<StateEntry> loaded;
+  EXPECT_EQ(load_reversed(dir.path(), loaded), "");
+  EXPECT_EQ(count_wrong(loaded), 0);
+}
+
+// NO_SHARD-like: every rank holds every tensor whole. Each is written once, and
+// the writers are spread over the ranks.
+TEST(UnifiedCheckpoint, ReplicasAreWrittenOnceInBothLayouts) {
+  ProcessGroup& g = test::world();
+  for (Layout layout : {Layout::Sharded, Layout::Unified}) {
+    SharedDir dir(g);
+    std::vector<StateEntry> saved = make_entries(full_range, g.rank(), g.size(), DType::F32, true);
+    StagedSave staged = stage_save(dir.path(), saved, {.layout = layout, .master_weights = false}, g);
+    int64_t state_bytes = 0;
+    for (const TensorSpec& spec : specs()) state_bytes += shape_numel(spec.shape) * 4;
+    EXPECT_EQ(staged.total_bytes(), state_bytes);
+    // The largest tensor (30 elements) goes first, to rank 0; the others to the next least-loaded ranks.
+    Tensor mine = Tensor::from_vector(std::vector<int32_t>{static_cast<int32_t>(staged.bytes())}, {1});
+    Tensor max = mine;
+    g.all_reduce(max, {.op = ReduceOp::Max}).wait();
+    EXPECT_EQ(max.data<int32_t>()[0], g.size() == 1 ? state_bytes : 120);
+    staged.write();
+    EXPECT_EQ(error_of([&] { staged.finish(); }), "");
+    if (layout == Layout::Sharded) {
+      nlohmann::json index = read_json(join(dir.path(), kShardedIndexName));
+      EXPECT_EQ(index["chunks"].size(), specs().size());
+    }
+    std::vector<StateEntry> loaded = make_entries(reversed_range, g.rank(), g.size(), DType::F32, false);
+    EXPECT_EQ(error_of([&] { load_entries(read_catalog(dir.path()), loaded, {}); }), "");
+    EXPECT_EQ(count_wrong(loaded), 0);
+  }
+}
+
+TEST(UnifiedCheckpoint, LoadsAPlainHuggingFaceModelFile) {
+  ProcessGroup& g = test::world();
+  SharedDir dir(g);
+  if (g.rank() == 0) {
+    SafetensorsWriter w;
+    for (size_t t = 0; t < specs().size(); ++t) {
+      std::vector<float> v(static_cast<size_t>(shape_numel(specs()[t].shape)));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = value_of(t, static_cast<int64_t>(i));
+      w.add(specs()[t].fqn, Tensor::from_floats(v, specs()[t].shape, DType::F32));
+    }
+    w.write(join(dir.path(), "model.safetensors"));
+  }
+  g.barrier().wait();
+  Catalog cat = read_catalog(dir.path());
+  EXPECT_EQ(cat.format, "huggingface");
+  std::vector<StateEntry> loaded = make_entries(reversed_range, g.rank(), g.size(), DType::F32, false);
+  EXPECT_EQ(error_of([&] { load_entries(cat, loaded, {}); }), "");
+  EXPECT_EQ(count_wrong(loaded), 0);
+}
+
+TEST(UnifiedCheckpoint, TensorMissingFromIndexAndFlippedByteAreNamed) {
+  ProcessGroup& g = test::world();
+  SharedDir dir(g);
+  save_unified(dir.path(), g, {.model_weights = true, .master_weights = false});
+  const std::string index_path = join(dir.path(), kModelIndexName);
+  nlohmann::json index = read_json(index_path);
+  const std::string file = join(dir.path(), index["weight_map"]["a.weight"].get<std::string>());
+  g.barrier().wait();
+  if (g.rank() == 0) {
+    uint64_t at = SafetensorsFile(file).info("a.weight").data_begin + 5;
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put('\x7f');
+    EXPECT_TRUE(f.good());
+  }
+  g.barrier().wait();
+  std::vector<StateEntry> loaded;
+  std::string err = load_reversed(dir.path(), loaded);
+  EXPECT_NE(err.find("checksum mismatch in '" + file + "', tensor 'a.weight'"), std::string::npos) << err;
+  g.barrier().wait();
+  if (g.rank() == 0) {
+    index["weight_map"].erase("b.weight");
+    write_json(index_path, index);
+  }
+  g.barrier().wait();
+  err = load_reversed(dir.path(), loaded, {.verify = false});
+  EXPECT_EQ(err, "tensor b.weight kind master is not in checkpoint '" + dir.path() + "'");
 }
 
 }  // namespace
