@@ -1,25 +1,50 @@
 #include "launch/checkpointing.h"
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/commit.h"
-#include "checkpoint/sharded.h"
 #include "core/error.h"
 
 namespace st::launch {
 
 namespace {
 
-constexpr const char* kTrainerState = "trainer_state.json";
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
 
-// Master weights plus every optimizer state buffer, as (FQN, kind) entries.
-std::vector<StateEntry> training_state(fsdp::ShardedModel& model, optim::Optimizer& optimizer) {
+constexpr const char* kTrainerState = "trainer_state.json";
+constexpr const char* kHfConfig = "config.json";
+
+constexpr std::string_view kSkipModelWeight = "skip_save_model_weight";
+constexpr std::string_view kMasterCompatible = "master_weight_compatible";
+constexpr std::string_view kAllOptions = "enable_all_options";
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+bool has_option(const CheckpointConfig& c, std::string_view option) {
+  for (const std::string& o : c.unified_checkpoint_config)
+    if (o == option || o == kAllOptions) return true;
+  return false;
+}
+
+DType model_dtype(const Config& config) {
+  return config.fsdp.mixed_precision.param_dtype == PrecisionKind::BF16 ? DType::BF16 : DType::F32;
+}
+
+// Master weights plus every optimizer state buffer (with `optimizer_state`), as (FQN, kind) entries.
+std::vector<StateEntry> training_state(fsdp::ShardedModel& model, optim::Optimizer& optimizer, bool optimizer_state) {
   std::vector<StateEntry> entries = model.master_entries();
+  if (!optimizer_state) return entries;
   std::map<std::string, std::vector<Tensor>> by_kind;
   for (size_t i = 0; i < model.segments().size(); ++i) {
     for (auto& [kind, buffer] : optimizer.state(i)) by_kind[kind].push_back(buffer);
@@ -31,100 +56,285 @@ std::vector<StateEntry> training_state(fsdp::ShardedModel& model, optim::Optimiz
   return entries;
 }
 
-double since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  ST_CHECK(out.good(), "cannot write {}", path);
+}
+
+// Runs `f` on every rank and shares the outcome: when it fails anywhere, every
+// rank throws the same message, prefixed with the rank it came from.
+template <class F>
+void on_every_rank(ProcessGroup& world, F&& f) {
+  std::string error;
+  try {
+    f();
+  } catch (const Error& e) {
+    error = e.message();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::vector<std::string> errors = all_gather_strings(world, error);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (errors[r].empty()) continue;
+    if (world.size() == 1) ST_FAIL("{}", errors[r]);
+    ST_FAIL("rank {}: {}", r, errors[r]);
+  }
+}
+
+// A checkpoint root holding `latest` stands for the checkpoint it names.
+std::string resolve_checkpoint_dir(const std::string& path, Logger& log) {
+  if (fs::exists(fs::path(path) / checkpoint::latest_file_name) &&
+      !fs::exists(fs::path(path) / checkpoint::complete_marker_name)) {
+    std::optional<checkpoint::ResumeChoice> choice = checkpoint::choose_resume(path);
+    ST_CHECK(choice.has_value(), "'{}' holds no complete checkpoint", path);
+    if (!choice->note.empty()) log.warn0("{}: {}", path, choice->note);
+    return choice->path;
+  }
+  return path;
 }
 
 }  // namespace
 
+std::string hf_llama_config_json(const ModelConfig& m, std::string_view torch_dtype) {
+  json j{{"architectures", {"LlamaForCausalLM"}},
+         {"model_type", "llama"},
+         {"vocab_size", m.vocab_size},
+         {"hidden_size", m.hidden_size},
+         {"intermediate_size", m.intermediate_size},
+         {"num_hidden_layers", m.num_hidden_layers},
+         {"num_attention_heads", m.num_attention_heads},
+         {"num_key_value_heads", m.num_key_value_heads},
+         {"head_dim", m.hidden_size / m.num_attention_heads},
+         {"max_position_embeddings", m.max_position_embeddings},
+         {"rope_theta", m.rope_theta},
+         {"rope_scaling", nullptr},
+         {"rms_norm_eps", m.rms_norm_eps},
+         {"hidden_act", "silu"},
+         {"attention_bias", false},
+         {"attention_dropout", 0.0},
+         {"mlp_bias", false},
+         {"initializer_range", m.init_std},
+         {"tie_word_embeddings", m.tie_word_embeddings},
+         {"use_cache", true},
+         {"torch_dtype", torch_dtype}};
+  return j.dump(2) + "\n";
+}
+
 void check_checkpoint_config(const Config& config, const std::string& resume) {
   const CheckpointConfig& c = config.checkpoint;
-  const bool used = !c.dir.empty() || (resume != "never" && !resume.empty());
-  ST_CHECK(!used || c.format == CheckpointFormat::Sharded,
-           "checkpoint.format: unified is not built yet (issue 5 in progress); set checkpoint.format: sharded");
-  ST_CHECK(c.unified_checkpoint_config.empty(),
-           "checkpoint.unified_checkpoint_config: not built yet (issue 5 in progress); remove it");
-  ST_CHECK(c.init_from.empty(), "checkpoint.init_from: not built yet (issue 5 in progress); remove it");
-  ST_CHECK(!c.async, "checkpoint.async: not built yet (issue 5 in progress); set it to false");
+  for (const std::string& o : c.unified_checkpoint_config) {
+    ST_CHECK(o == kSkipModelWeight || o == kMasterCompatible || o == kAllOptions,
+             "checkpoint.unified_checkpoint_config: unknown option '{}'; the options are {}, {}, {}", o,
+             kSkipModelWeight, kMasterCompatible, kAllOptions);
+  }
   ST_CHECK(resume != "auto" || !c.dir.empty(), "--resume auto needs checkpoint.dir");
+  ST_CHECK(c.init_from.empty() || fs::exists(c.init_from), "checkpoint.init_from: '{}' does not exist", c.init_from);
 }
 
-void save_checkpoint(const Config& config, int64_t step, int64_t consumed, fsdp::ShardedModel& model,
-                     optim::Optimizer& optimizer, ProcessGroup& world, Logger& log) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::optional<checkpoint::PendingCheckpoint> pending;
+struct Checkpointer::InFlight {
+  int64_t step = 0;
+  std::optional<checkpoint::StagedSave> staged;
+  std::optional<checkpoint::PendingCheckpoint> pending;  // rank 0
+  json state;                                            // trainer_state.json, rank 0
+  std::string hf_config;                                 // config.json, rank 0 (llama only)
+  std::thread writer;
+  std::atomic<bool> written{false};
+  Clock::time_point start;
+  double blocking_s = 0;
+  int64_t total_bytes = 0;
+};
+
+Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, optim::Optimizer& optimizer,
+                           ProcessGroup& world, Logger& log)
+    : config_(config), model_(model), optimizer_(optimizer), world_(world), log_(log) {}
+
+Checkpointer::~Checkpointer() {
+  if (in_flight_ && in_flight_->writer.joinable()) in_flight_->writer.join();
+}
+
+void Checkpointer::save(int64_t step, int64_t consumed) {
+  finish_in_flight();
+  const CheckpointConfig& c = config_.checkpoint;
+  auto f = std::make_unique<InFlight>();
+  f->step = step;
+  f->start = Clock::now();
   std::string tmp;
-  if (world.rank() == 0) {
-    pending.emplace(config.checkpoint.dir, step);
-    tmp = pending->path().string();
-  }
+  on_every_rank(world_, [&] {
+    if (world_.rank() != 0) return;
+    f->pending.emplace(c.dir, step);
+    tmp = f->pending->path().string();
+  });
   // Every rank writes into rank 0's temporary directory, named with rank 0's pid.
-  tmp = broadcast_string(world, tmp);
+  tmp = broadcast_string(world_, tmp);
 
-  std::vector<StateEntry> entries = training_state(model, optimizer);
-  int64_t bytes = 0;
-  for (const StateEntry& e : entries) bytes += static_cast<int64_t>(e.local.nbytes());
-  checkpoint::save_sharded(tmp, entries, world);
+  const bool unified = c.format == CheckpointFormat::Unified;
+  const bool skip_model = has_option(c, kSkipModelWeight);
+  checkpoint::SaveOptions options;
+  options.layout = unified ? checkpoint::Layout::Unified : checkpoint::Layout::Sharded;
+  options.model_dtype = model_dtype(config_);
+  options.model_weights = !skip_model;
+  // F32 model weights are the master weights: writing both would store them twice.
+  options.master_weights = skip_model || options.model_dtype != DType::F32;
+  options.snapshot = c.async;
+  std::vector<StateEntry> entries = training_state(model_, optimizer_, true);
+  f->staged.emplace(checkpoint::stage_save(tmp, entries, options, world_));
+  f->total_bytes = f->staged->total_bytes();
 
-  if (world.rank() == 0) {
-    nlohmann::json state = {{"step", step},
-                            {"consumed_samples", consumed},
-                            {"optimizer_steps", optimizer.step_count()},
-                            {"world_size", world.size()},
-                            {"sharding_strategy", std::string(to_string(config.fsdp.sharding_strategy))},
-                            {"format", "sharded"},
-                            {"config", to_yaml(config)}};
-    const std::string path = tmp + "/" + kTrainerState;
-    std::ofstream out(path);
-    out << state.dump(2) << "\n";
-    out.close();
-    ST_CHECK(out.good(), "cannot write {}", path);
-    std::vector<std::string> files{std::string(checkpoint::kShardedIndexName), kTrainerState};
-    for (int r = 0; r < world.size(); ++r) files.push_back(checkpoint::shard_file_name(r, world.size()));
-    pending->commit(files);
-    checkpoint::apply_retention(config.checkpoint.dir, config.checkpoint.keep_last);
+  if (world_.rank() == 0) {
+    f->state = {{"step", step},
+                {"consumed_samples", consumed},
+                {"optimizer_steps", optimizer_.step_count()},
+                {"world_size", world_.size()},
+                {"sharding_strategy", std::string(to_string(config_.fsdp.sharding_strategy))},
+                {"format", unified ? "unified" : "sharded"},
+                {"model_dtype", std::string(dtype_name(options.model_dtype))},
+                {"model_weights", unified && options.model_weights},
+                {"master_weights", !unified || options.master_weights},
+                {"rng", {{"seed", config_.train.seed}, {"sampler_position", consumed}}},
+                {"schedule",
+                 {{"kind", std::string(to_string(config_.optim.schedule.kind))},
+                  {"total_steps", config_.train.steps},
+                  {"next_lr", optim::learning_rate(config_.optim, step, config_.train.steps)}}},
+                {"config", to_yaml(config_)}};
+    if (config_.model.name == "llama")
+      f->hf_config = hf_llama_config_json(
+          config_.model, unified && !skip_model && options.model_dtype == DType::BF16 ? "bfloat16" : "float32");
   }
-  world.barrier().wait();
-  Tensor total = Tensor::full({1}, static_cast<double>(bytes), DType::F32);
-  world.all_reduce(total).wait();
-  const double secs = since(t0);
-  log.info0("saved checkpoint {}/{}: {:.2f} MB in {:.3f} s ({:.2f} GB/s)", config.checkpoint.dir,
-            checkpoint::step_dir_name(step), total.data<float>()[0] / 1e6, secs, total.data<float>()[0] / secs / 1e9);
+  f->blocking_s = since(f->start);
+  InFlight* raw = f.get();
+  in_flight_ = std::move(f);
+  if (c.async) {
+    raw->writer = std::thread([raw] {
+      raw->staged->write();
+      raw->written = true;
+    });
+    log_.info0(
+        "checkpoint step {}: state copied to host in {:.3f} s (training waited this long); writing in the "
+        "background",
+        step, raw->blocking_s);
+  } else {
+    raw->staged->write();
+    raw->written = true;
+    finish_in_flight();
+  }
 }
 
-std::optional<ResumePoint> load_checkpoint(const Config& config, const std::string& resume, fsdp::ShardedModel& model,
-                                           optim::Optimizer& optimizer, ProcessGroup& world, Logger& log) {
-  if (resume.empty() || resume == "never") return std::nullopt;
-  std::string path = resume;
-  if (resume == "auto") {
-    std::optional<checkpoint::ResumeChoice> choice = checkpoint::choose_resume(config.checkpoint.dir);
-    if (!choice) {
-      log.info0("--resume auto: no complete checkpoint in {}; starting from step 0", config.checkpoint.dir);
-      return std::nullopt;
+void Checkpointer::finish_in_flight() {
+  if (!in_flight_) return;
+  std::unique_ptr<InFlight> f = std::move(in_flight_);
+  if (f->writer.joinable()) f->writer.join();
+  std::vector<std::string> files = f->staged->finish();
+  on_every_rank(world_, [&] {
+    if (world_.rank() != 0) return;
+    const std::string dir = f->pending->path().string();
+    write_text(dir + "/" + kTrainerState, f->state.dump(2) + "\n");
+    files.emplace_back(kTrainerState);
+    if (!f->hf_config.empty()) {
+      write_text(dir + "/" + kHfConfig, f->hf_config);
+      files.emplace_back(kHfConfig);
     }
-    if (!choice->note.empty()) log.warn0("--resume auto: {}", choice->note);
-    path = choice->path;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string state_path = path + "/" + kTrainerState;
-  std::ifstream in(state_path);
-  ST_CHECK(in.good(), "cannot read {} (is {} a checkpoint directory?)", state_path, path);
-  nlohmann::json state;
-  try {
-    in >> state;
-  } catch (const nlohmann::json::exception& e) {
-    ST_FAIL("{} is not valid JSON: {}", state_path, e.what());
-  }
-  ST_CHECK(state.contains("step") && state.contains("consumed_samples") && state.contains("optimizer_steps"),
-           "{} lacks step, consumed_samples or optimizer_steps", state_path);
+    f->pending->commit(files);
+    checkpoint::apply_retention(config_.checkpoint.dir, config_.checkpoint.keep_last);
+  });
+  const double secs = since(f->start);
+  log_.info0("saved checkpoint {}/{} ({}{}): {:.2f} MB in {:.3f} s ({:.3f} GB/s), training blocked {:.3f} s",
+             config_.checkpoint.dir, checkpoint::step_dir_name(f->step),
+             config_.checkpoint.format == CheckpointFormat::Unified ? "unified" : "sharded",
+             config_.checkpoint.async ? ", async" : "", static_cast<double>(f->total_bytes) / 1e6, secs,
+             static_cast<double>(f->total_bytes) / secs / 1e9, config_.checkpoint.async ? f->blocking_s : secs);
+}
 
-  std::vector<StateEntry> entries = training_state(model, optimizer);
-  checkpoint::load_sharded(path, entries, config.checkpoint.verify ? checkpoint::Verify::Yes : checkpoint::Verify::No);
-  optimizer.set_step_count(state["optimizer_steps"].get<int64_t>());
-  ResumePoint point{state["step"].get<int64_t>(), state["consumed_samples"].get<int64_t>(), path};
-  world.barrier().wait();
-  log.info0("resumed from {} (step {}, saved by {} rank(s) with {}) in {:.3f} s", path, point.step,
-            state.value("world_size", 0), state.value("sharding_strategy", std::string("?")), since(t0));
+bool Checkpointer::end_of_step(bool stop_here) {
+  const bool busy = in_flight_ && !in_flight_->written;
+  Tensor flags = Tensor::from_vector(std::vector<int32_t>{stop_here ? 1 : 0, busy ? 1 : 0}, {2});
+  world_.all_reduce(flags, {.op = ReduceOp::Max}).wait();
+  if (in_flight_ && flags.data<int32_t>()[1] == 0) finish_in_flight();
+  return flags.data<int32_t>()[0] != 0;
+}
+
+void Checkpointer::wait() { finish_in_flight(); }
+
+std::optional<ResumePoint> Checkpointer::load(const std::string& resume) {
+  const CheckpointConfig& c = config_.checkpoint;
+  if (resume == "auto") {
+    std::optional<checkpoint::ResumeChoice> choice = checkpoint::choose_resume(c.dir);
+    if (!choice) {
+      log_.info0("--resume auto: no complete checkpoint in {}; starting from step 0", c.dir);
+    } else {
+      if (!choice->note.empty()) log_.warn0("--resume auto: {}", choice->note);
+      // A checkpoint that is complete but fails to load (a checksum, a damaged
+      // file) is reported and skipped for the next older complete one.
+      std::vector<int64_t> steps = checkpoint::complete_steps(c.dir);
+      std::string path = choice->path;
+      for (auto it = steps.rbegin();; ++it) {
+        if (it != steps.rend() && *it >= choice->step) continue;
+        try {
+          return load_from(path, false);
+        } catch (const Error& e) {
+          if (it == steps.rend()) throw;
+          const std::string next = (fs::path(c.dir) / checkpoint::step_dir_name(*it)).string();
+          log_.warn0("--resume auto: {} does not load ({}); falling back to {}", path, e.message(), next);
+          path = next;
+        }
+      }
+    }
+  } else if (!resume.empty() && resume != "never") {
+    return load_from(resolve_checkpoint_dir(resume, log_), false);
+  }
+  if (c.init_from.empty()) return std::nullopt;
+  return load_from(resolve_checkpoint_dir(c.init_from, log_), true);
+}
+
+ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
+  const CheckpointConfig& c = config_.checkpoint;
+  const auto t0 = Clock::now();
+  ResumePoint point{0, 0, path};
+  json state;
+  int64_t bytes = 0;
+  std::string format;
+  on_every_rank(world_, [&] {
+    if (!init) {
+      const std::string state_path = path + "/" + kTrainerState;
+      std::ifstream in(state_path);
+      ST_CHECK(in.good(), "cannot read {} (is {} a checkpoint directory?)", state_path, path);
+      try {
+        in >> state;
+      } catch (const json::exception& e) {
+        ST_FAIL("{} is not valid JSON: {}", state_path, e.what());
+      }
+      ST_CHECK(state.is_object() && state.contains("step") && state.contains("consumed_samples") &&
+                   state.contains("optimizer_steps"),
+               "{} lacks step, consumed_samples or optimizer_steps", state_path);
+      point.step = state["step"].get<int64_t>();
+      point.consumed = state["consumed_samples"].get<int64_t>();
+    }
+    checkpoint::Catalog catalog = checkpoint::read_catalog(path);
+    format = catalog.format;
+    checkpoint::LoadOptions options;
+    options.verify = c.verify;
+    options.verify_rank = world_.rank();
+    options.verify_world = world_.size();
+    // Starting from model weights (init_from) may always derive the master weights from them.
+    options.master_from_model = init || has_option(c, kMasterCompatible);
+    std::vector<StateEntry> entries = training_state(model_, optimizer_, !init);
+    for (const StateEntry& e : entries) bytes += static_cast<int64_t>(e.local.nbytes());
+    checkpoint::load_entries(catalog, entries, options);
+  });
+  if (!init) optimizer_.set_step_count(state["optimizer_steps"].get<int64_t>());
+  Tensor total = Tensor::full({1}, static_cast<double>(bytes), DType::F32);
+  world_.all_reduce(total).wait();
+  const double secs = since(t0);
+  const double mb = total.data<float>()[0] / 1e6;
+  if (init) {
+    log_.info0("initialised the weights from {} ({} layout): {:.2f} MB in {:.3f} s; fresh optimizer, step 0", path,
+               format, mb, secs);
+  } else {
+    log_.info0("resumed from {} (step {}, {} layout, saved by {} rank(s) with {}): {:.2f} MB in {:.3f} s", path,
+               point.step, format, state.value("world_size", 0), state.value("sharding_strategy", std::string("?")), mb,
+               secs);
+  }
   return point;
 }
 

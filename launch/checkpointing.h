@@ -1,8 +1,11 @@
 #pragma once
-// Saving and resuming training state: master weights and optimizer state of
-// every rank as StateEntry lists, written in the DCP-style sharded layout and
-// committed atomically (checkpoint/commit.h), plus trainer_state.json.
+// The trainer's checkpoints: master weights and optimizer state of every rank
+// as StateEntry lists, saved in the unified (Hugging Face) or sharded layout,
+// synchronously or in a background thread, committed atomically
+// (checkpoint/commit.h), with config.json and trainer_state.json beside them;
+// and the way back: --resume and checkpoint.init_from.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -21,20 +24,62 @@ struct ResumePoint {
   std::string path;      // the checkpoint directory loaded
 };
 
-/// Saves step `step` into checkpoint.dir (collective). Only the sharded layout
-/// is written so far; checkpoint.format: unified is rejected before training
-/// starts (check_checkpoint_config).
-void save_checkpoint(const Config& config, int64_t step, int64_t consumed, fsdp::ShardedModel& model,
-                     optim::Optimizer& optimizer, ProcessGroup& world, Logger& log);
-
-/// `resume`: "never" -> nullopt; "auto" -> the newest complete checkpoint under
-/// checkpoint.dir (nullopt when there is none; a broken `latest` is reported
-/// and skipped); anything else is a checkpoint directory that must load.
-/// Fills master weights and optimizer state in place (collective).
-std::optional<ResumePoint> load_checkpoint(const Config& config, const std::string& resume, fsdp::ShardedModel& model,
-                                           optim::Optimizer& optimizer, ProcessGroup& world, Logger& log);
-
-/// Rejects what is configured but not built yet, before any step runs.
+/// Rejects bad checkpoint settings before any step runs: unknown
+/// unified_checkpoint_config options, --resume auto without checkpoint.dir.
 void check_checkpoint_config(const Config& config, const std::string& resume);
+
+/// Owns the saves of one run. Every method is collective over `world` and
+/// must be called by all ranks at the same point of the run.
+class Checkpointer {
+ public:
+  Checkpointer(const Config& config, fsdp::ShardedModel& model, optim::Optimizer& optimizer, ProcessGroup& world,
+               Logger& log);
+  /// Waits for a save still being written (without committing it when the
+  /// run is failing: only wait() commits).
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  /// Saves the state after `step` into checkpoint.dir. First finishes the
+  /// previous save. Synchronous: returns when the checkpoint is committed.
+  /// checkpoint.async: returns once the state is copied to host memory; the
+  /// files are written by a background thread and committed by a later
+  /// end_of_step(), save() or wait().
+  void save(int64_t step, int64_t consumed);
+
+  /// Once per step, after the optimizer step: agrees over all ranks whether
+  /// any of them was asked to stop (`stop_here`, e.g. SIGTERM) and commits a
+  /// background save that every rank has finished writing. Returns the
+  /// agreed stop flag.
+  bool end_of_step(bool stop_here);
+
+  /// Waits for a save in flight and commits it (call before exiting).
+  void wait();
+
+  /// `resume`: "never" -> nullopt; "auto" -> the newest complete checkpoint
+  /// under checkpoint.dir (a broken `latest`, or a checkpoint that fails to
+  /// load, e.g. on a checksum, is reported and the next older complete one
+  /// tried), or nullopt when there is none; anything else is a checkpoint directory that
+  /// must load. Fills master weights and optimizer state in place. When
+  /// nothing is resumed and checkpoint.init_from is set, loads only the
+  /// weights from there (a Hugging Face directory or a checkpoint) and keeps
+  /// the fresh optimizer; that returns a point at step 0.
+  std::optional<ResumePoint> load(const std::string& resume);
+
+ private:
+  struct InFlight;
+  void finish_in_flight();
+  ResumePoint load_from(const std::string& path, bool init);
+
+  const Config& config_;
+  fsdp::ShardedModel& model_;
+  optim::Optimizer& optimizer_;
+  ProcessGroup& world_;
+  Logger& log_;
+  std::unique_ptr<InFlight> in_flight_;
+};
+
+/// The Hugging Face config.json of a llama model config ("LlamaForCausalLM").
+std::string hf_llama_config_json(const ModelConfig& model, std::string_view torch_dtype);
 
 }  // namespace st::launch

@@ -1,7 +1,9 @@
 #include "launch/train.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <sstream>
 
 #include "core/cuda/cuda_runtime.h"
@@ -22,6 +24,28 @@ namespace {
 constexpr int64_t kIgnoreIndex = -100;
 
 using Clock = std::chrono::steady_clock;
+
+// Set by SIGTERM: the run saves after the current step and exits 0.
+std::atomic<bool> g_terminate{false};
+extern "C" void on_sigterm(int) { g_terminate.store(true); }
+
+// Installs the SIGTERM handler for the life of a train() call.
+class TerminateHandler {
+ public:
+  TerminateHandler() {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigterm;
+    sigemptyset(&sa.sa_mask);
+    g_terminate = false;
+    ::sigaction(SIGTERM, &sa, &old_);
+  }
+  ~TerminateHandler() { ::sigaction(SIGTERM, &old_, nullptr); }
+  TerminateHandler(const TerminateHandler&) = delete;
+  TerminateHandler& operator=(const TerminateHandler&) = delete;
+
+ private:
+  struct sigaction old_ {};
+};
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 Shape batch_shape(int64_t batch, const Shape& sample) {
@@ -113,11 +137,14 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   result.num_parameters = n_params;
   int64_t consumed = 0;
   int64_t first_step = 0;
-  if (std::optional<ResumePoint> point = load_checkpoint(config, options.resume, sharded, *optimizer, world, log)) {
+  TerminateHandler sigterm;
+  Checkpointer checkpointer(config, sharded, *optimizer, world, log);
+  if (std::optional<ResumePoint> point = checkpointer.load(options.resume)) {
     first_step = point->step;
     consumed = point->consumed;
   }
-  const int64_t last_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
+  int64_t last_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
+  bool terminated = false;
   const auto run_start = Clock::now();
   double timed_seconds = 0;
   for (int64_t step = first_step; step < last_step; ++step) {
@@ -185,13 +212,20 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
       log.info0("{}", format_step_line(sm));
       metrics.append(sm);
     }
+    // Every rank agrees whether any was sent SIGTERM; a stop saves like the end of the run.
+    if (checkpointer.end_of_step(g_terminate.load()) && step + 1 < last_step) {
+      terminated = true;
+      last_step = step + 1;
+    }
     const int64_t interval = config.checkpoint.interval;
     const bool save_now = (interval > 0 && (step + 1) % interval == 0) || step + 1 == last_step;
-    if (!config.checkpoint.dir.empty() && save_now) {
-      save_checkpoint(config, step + 1, consumed, sharded, *optimizer, world, log);
-    }
+    if (!config.checkpoint.dir.empty() && save_now) checkpointer.save(step + 1, consumed);
   }
-  if (last_step < tc.steps) log.info0("stopped after step {} of {} (--stop-after)", last_step, tc.steps);
+  checkpointer.wait();
+  if (last_step < tc.steps) {
+    log.info0("stopped after step {} of {} ({}){}", last_step, tc.steps, terminated ? "SIGTERM" : "--stop-after",
+              config.checkpoint.dir.empty() ? "; no checkpoint.dir, so nothing was saved" : "");
+  }
   // The first step of this process includes warm-up, so it is not timed.
   const int64_t timed_steps = last_step - first_step - 1;
   if (timed_steps > 0) {
