@@ -115,6 +115,25 @@ std::optional<std::string> read_small_file(const fs::path& path) {
   return ss.str();
 }
 
+/// The marker's text up to its crc32c line: header, step, and one line per
+/// file with its size; each file is fsynced first, so the marker never vouches
+/// for data that is not yet durable.
+std::string marker_body(const fs::path& dir, int64_t step, const std::vector<std::string>& files_written) {
+  std::string marker = format("{}\nstep {}\n", marker_header, step);
+  for (const std::string& name : files_written) {
+    ST_CHECK(!name.empty() && name.find_first_of("/\n") == std::string::npos && name != "." && name != ".." &&
+                 name != complete_marker_name,
+             "checkpoint file name '{}' must be a plain file name inside {}", name, dir.string());
+    fs::path file = dir / name;
+    std::error_code ec;
+    uintmax_t size = fs::file_size(file, ec);
+    ST_CHECK(!ec, "checkpoint file {} cannot be read: {}", file.string(), ec.message());
+    fsync_path(file, false);
+    marker += format("file {} {}\n", size, name);
+  }
+  return marker;
+}
+
 std::optional<int64_t> latest_step(const fs::path& root) {
   auto text = read_small_file(root / latest_file_name);
   if (!text) return std::nullopt;
@@ -181,6 +200,63 @@ std::string incomplete_reason(const fs::path& dir, int64_t step) {
   return {};
 }
 
+CompleteMarker read_complete_marker(const fs::path& dir) {
+  CompleteMarker out;
+  auto marker = read_small_file(dir / complete_marker_name);
+  if (!marker) {
+    out.problem = "missing COMPLETE marker";
+    return out;
+  }
+  const std::string& text = *marker;
+  size_t crc_at = text.rfind("crc32c ");
+  if (crc_at == std::string::npos || (crc_at > 0 && text[crc_at - 1] != '\n')) {
+    out.problem = "COMPLETE marker is truncated (no crc32c line)";
+    return out;
+  }
+  if (trim(text.substr(crc_at + 7)) != crc_hex(std::string_view(text).substr(0, crc_at))) {
+    out.problem = "COMPLETE marker fails its crc32c check";
+    return out;
+  }
+  std::istringstream in(text.substr(0, crc_at));
+  std::string line;
+  if (!std::getline(in, line) || line != marker_header) {
+    out.problem = "COMPLETE marker has no header";
+    return out;
+  }
+  std::optional<int64_t> step;
+  if (std::getline(in, line) && line.starts_with("step ")) {
+    // The marker holds the plain decimal; padded to step_dir_name's six digits,
+    // parse_step_dir_name accepts exactly the canonical spellings.
+    std::string digits = line.substr(5);
+    if (digits.size() < 6) digits.insert(0, 6 - digits.size(), '0');
+    step = parse_step_dir_name("step-" + digits);
+  }
+  if (!step) {
+    out.problem = format("COMPLETE marker has a bad step line '{}'", line);
+    return out;
+  }
+  out.step = *step;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string kind;
+    MarkerFile file;
+    if (!(fields >> kind >> file.size) || kind != "file") {
+      out.problem = format("COMPLETE marker has a bad line '{}'", line);
+      return out;
+    }
+    std::getline(fields >> std::ws, file.name);
+    out.files.push_back(std::move(file));
+  }
+  return out;
+}
+
+void write_complete_marker(const fs::path& dir, int64_t step, const std::vector<std::string>& files_written) {
+  std::string marker = marker_body(dir, step, files_written);
+  marker += "crc32c " + crc_hex(marker) + "\n";
+  write_file_synced(dir / complete_marker_name, marker, {});
+  fsync_path(dir, true);
+}
+
 PendingCheckpoint::PendingCheckpoint(fs::path root, int64_t step, CommitHook hook)
     : root_(std::move(root)), step_(step), hook_(std::move(hook)) {
   std::error_code ec;
@@ -220,18 +296,7 @@ void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
   ST_CHECK(!committed_, "checkpoint {} was already committed", final_path().string());
   stage("commit_begin");
 
-  std::string marker = format("{}\nstep {}\n", marker_header, step_);
-  for (const std::string& name : files_written) {
-    ST_CHECK(!name.empty() && name.find_first_of("/\n") == std::string::npos && name != "." && name != ".." &&
-                 name != complete_marker_name,
-             "checkpoint file name '{}' must be a plain file name inside {}", name, path_.string());
-    fs::path file = path_ / name;
-    std::error_code ec;
-    uintmax_t size = fs::file_size(file, ec);
-    ST_CHECK(!ec, "checkpoint file {} cannot be read: {}", file.string(), ec.message());
-    fsync_path(file, false);
-    marker += format("file {} {}\n", size, name);
-  }
+  std::string marker = marker_body(path_, step_, files_written);
   stage("files_synced");
 
   marker += "crc32c " + crc_hex(marker) + "\n";

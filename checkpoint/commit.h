@@ -50,6 +50,31 @@ std::span<const std::string_view> commit_stages();
 /// marker" or "model.safetensors has 10 bytes, COMPLETE lists 20".
 std::string incomplete_reason(const std::filesystem::path& dir, int64_t step);
 
+/// One file a COMPLETE marker lists.
+struct MarkerFile {
+  std::string name;  // plain file name inside the checkpoint directory
+  uintmax_t size = 0;
+};
+
+/// A COMPLETE marker as read back, without looking at the files it lists.
+struct CompleteMarker {
+  int64_t step = -1;
+  std::vector<MarkerFile> files;
+  std::string problem;  // empty when the marker exists, passes its crc32c check and parses
+};
+
+/// Reads dir/COMPLETE, so that a checker (`ckpt verify`) can report every
+/// listed file that is missing or has the wrong size, not only the first.
+CompleteMarker read_complete_marker(const std::filesystem::path& dir);
+
+/// Fsyncs `files_written` (plain names inside `dir`), writes a COMPLETE marker
+/// for `step` listing them with their sizes, and fsyncs the marker and `dir`.
+/// For a checkpoint directory published other than by PendingCheckpoint (the
+/// output of `ckpt convert`, renamed into place by its caller); the marker is
+/// the same one commit() writes. Throws st::Error naming the path.
+void write_complete_marker(const std::filesystem::path& dir, int64_t step,
+                           const std::vector<std::string>& files_written);
+
 /// A checkpoint being written: owns root/.tmp-step-NNNNNN-<pid> until commit().
 /// Move-only; destroying it uncommitted removes the temporary directory (a
 /// failed or abandoned save leaves `latest` and the committed checkpoints as
