@@ -674,7 +674,6 @@ void load_entries(const Catalog& cat, std::span<StateEntry> entries, const LoadO
     Read read;
   };
   std::vector<Task> tasks;
-  std::set<std::string> kinds;
   for (StateEntry& e : entries) {
     auto it = cat.tensors.find({e.fqn, e.kind});
     if (it == cat.tensors.end() && e.kind == kMasterKind) {
@@ -696,7 +695,6 @@ void load_entries(const Catalog& cat, std::span<StateEntry> entries, const LoadO
         stored.dtype == e.local.dtype() || (stored.dtype != DType::I32 && e.local.dtype() != DType::I32);
     ST_CHECK(convertible, "tensor {} kind {}: cannot load {} data into {}", e.fqn, it->first.second, stored.dtype,
              e.local.dtype());
-    kinds.insert(it->first.second);
     const int64_t numel = e.local.defined() ? e.local.numel() : 0;
     ST_CHECK(e.begin >= 0 && e.begin + numel <= shape_numel(e.global_shape),
              "tensor {} kind {}: elements [{}, {}) lie outside its shape {}", e.fqn, e.kind, e.begin, e.begin + numel,
@@ -713,7 +711,7 @@ void load_entries(const Catalog& cat, std::span<StateEntry> entries, const LoadO
     for (const auto& [id, stored] : cat.tensors) {
       for (const ChunkRecord& c : stored.chunks) {
         const bool mine = i++ % std::max(1, options.verify_world) == options.verify_rank;
-        if (mine && stored.checksummed && kinds.count(id.second) != 0) tasks.push_back(Task{nullptr, &stored, &c, {}});
+        if (mine && stored.checksummed) tasks.push_back(Task{nullptr, &stored, &c, {}});
       }
     }
   }

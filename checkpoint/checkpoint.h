@@ -131,7 +131,8 @@ Catalog read_catalog(const std::string& dir);
 
 struct LoadOptions {
   bool verify = true;  // check CRC32C of the chunks this loader verifies
-  // Chunks are numbered in catalog order; this loader verifies chunk i when
+  // Every checksummed chunk of the catalog is verified, whether a kind is
+  // loaded or not. Chunks are numbered in catalog order; this loader verifies chunk i when
   // i % verify_world == verify_rank, whether it reads it or not, so that the
   // ranks of a job together verify each chunk once (the caller shares errors).
   int verify_rank = 0;
