@@ -432,6 +432,21 @@ def check_errors(env):
         print(f"errors: convert of a checkpoint with a flipped byte at {np_ or 1} process(es): exit 1, "
               f"nothing left behind: {line}")
 
+    # A failure after the data files are written (config.json, same size, no longer JSON): the
+    # temporary directory goes too.
+    broken = os.path.join(env.tmp, "broken-config")
+    shutil.copytree(step_dir(env.checkpoint("unified")), broken)
+    with open(os.path.join(broken, "config.json"), "r+b") as f:
+        f.write(b"X")
+    for np_ in (None, 2):
+        out = os.path.join(parent, f"from-broken-config-np{np_ or 1}")
+        proc = run(env.ckpt_cmd("convert", broken, "--to", "sharded", out, np_=np_), expect_ok=False)
+        line = expect_failure(proc, ["config.json", "not valid JSON"], "convert with a broken config.json")
+        if os.listdir(parent):
+            fail(f"a convert that failed after writing left {os.listdir(parent)} behind")
+        print(f"errors: convert failing after its data files were written, at {np_ or 1} process(es): exit 1, "
+              f"nothing left behind: {line}")
+
     for args, needle in ((["convert", src, "--to", "hdf5", out], "--to hdf5"),
                          (["convert", src, out], "--to"),
                          (["inspect", os.path.join(env.tmp, "nowhere")], "nowhere"),
