@@ -85,6 +85,8 @@ template <class F>
 std::string error_of(F&& f) {
   try {
     f();
+  } catch (const Error& e) {
+    return e.message();  // without the source location: these messages reach users
   } catch (const std::exception& e) {
     return e.what();
   }
