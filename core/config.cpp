@@ -121,7 +121,9 @@ void visit_schema(C& c, V&& v) {
   v(Key("train.device", "cpu | cuda | auto (cuda when a GPU is visible)"), t.device);
 
   auto& d = c.data;
-  v(Key("data.kind", "synthetic (seeded learnable Markov-chain tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)"), d.kind);
+  v(Key("data.kind",
+        "synthetic (seeded learnable Markov-chain tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)"),
+    d.kind);
   v(Key("data.path", "file or directory for text/tokens; unused for synthetic"), d.path);
   v(Key("data.token_dtype", "token width of headerless tokens files (llm.c shards give their own)"), d.token_dtype);
 
