@@ -399,58 +399,75 @@ StagedSave stage_save(const std::string& dir, std::span<const StateEntry> entrie
   s.bytes = load[static_cast<size_t>(rank)];
 
   // Exchange: pieces go to their fqn's owner in view.pieces order, each padded
-  // to whole 4-byte words (the exchange moves I32 words).
+  // to whole 4-byte words (the exchange moves I32 words), in rounds of at most
+  // options.exchange_bytes sent or received per rank (a piece larger than that
+  // travels alone). Every rank derives the same rounds from the same view.
   auto words = [&](const Piece& p) {
     const int64_t bytes = p.numel * static_cast<int64_t>(dtype_size(s.view.tensors.at({p.fqn, p.kind}).dtype));
     return (bytes + 3) / 4;
   };
-  std::vector<int64_t> send_counts(static_cast<size_t>(world), 0), recv_counts(static_cast<size_t>(world), 0);
-  for (const Piece& p : s.view.pieces) {
-    const int o = owner.at(p.fqn);
-    if (p.rank == rank) send_counts[static_cast<size_t>(o)] += words(p);
-    if (o == rank) recv_counts[static_cast<size_t>(p.rank)] += words(p);
-  }
-  std::vector<int64_t> send_offset(static_cast<size_t>(world), 0), recv_offset(static_cast<size_t>(world), 0);
-  for (int r = 1; r < world; ++r) {
-    send_offset[static_cast<size_t>(r)] =
-        send_offset[static_cast<size_t>(r - 1)] + send_counts[static_cast<size_t>(r - 1)];
-    recv_offset[static_cast<size_t>(r)] =
-        recv_offset[static_cast<size_t>(r - 1)] + recv_counts[static_cast<size_t>(r - 1)];
-  }
-  Tensor send = Tensor::zeros({send_offset.back() + send_counts.back()}, DType::I32);
-  Tensor recv = Tensor::zeros({recv_offset.back() + recv_counts.back()}, DType::I32);
+  const int64_t cap_words = std::max<int64_t>(1, options.exchange_bytes / 4);
+  std::vector<std::vector<const Piece*>> rounds(1);
   {
-    std::vector<int64_t> cursor = send_offset;
+    std::vector<int64_t> out(static_cast<size_t>(world), 0), in(static_cast<size_t>(world), 0);
     for (const Piece& p : s.view.pieces) {
-      if (p.rank != rank) continue;
-      int64_t& c = cursor[static_cast<size_t>(owner.at(p.fqn))];
-      const Tensor& local = entries[p.entry].local;
-      Tensor host = local.device().is_cpu() ? local : local.to(Device::cpu());
-      std::memcpy(send.data<int32_t>() + c, host.raw_data(), host.nbytes());
-      c += words(p);
+      const auto src = static_cast<size_t>(p.rank);
+      const auto dst = static_cast<size_t>(owner.at(p.fqn));
+      const int64_t w = words(p);
+      if (!rounds.back().empty() && (out[src] + w > cap_words || in[dst] + w > cap_words)) {
+        rounds.emplace_back();
+        std::fill(out.begin(), out.end(), 0);
+        std::fill(in.begin(), in.end(), 0);
+      }
+      rounds.back().push_back(&p);
+      out[src] += w;
+      in[dst] += w;
     }
   }
-  group.all_to_allv(recv, recv_counts, send, send_counts).wait();
-
-  // Assemble the owned tensors, checking that the pieces cover them.
   std::map<TensorId, Tensor> full;
   std::map<TensorId, int64_t> covered;
-  {
-    std::vector<int64_t> cursor = recv_offset;
-    for (const Piece& p : s.view.pieces) {
-      if (owner.at(p.fqn) != rank) continue;
-      const TensorId id{p.fqn, p.kind};
+  for (const std::vector<const Piece*>& round : rounds) {
+    std::vector<int64_t> send_counts(static_cast<size_t>(world), 0), recv_counts(static_cast<size_t>(world), 0);
+    for (const Piece* p : round) {
+      const int o = owner.at(p->fqn);
+      if (p->rank == rank) send_counts[static_cast<size_t>(o)] += words(*p);
+      if (o == rank) recv_counts[static_cast<size_t>(p->rank)] += words(*p);
+    }
+    std::vector<int64_t> send_offset(static_cast<size_t>(world), 0), recv_offset(static_cast<size_t>(world), 0);
+    for (size_t r = 1; r < static_cast<size_t>(world); ++r) {
+      send_offset[r] = send_offset[r - 1] + send_counts[r - 1];
+      recv_offset[r] = recv_offset[r - 1] + recv_counts[r - 1];
+    }
+    Tensor send = Tensor::zeros({send_offset.back() + send_counts.back()}, DType::I32);
+    Tensor recv = Tensor::zeros({recv_offset.back() + recv_counts.back()}, DType::I32);
+    std::vector<int64_t> cursor = send_offset;
+    for (const Piece* p : round) {
+      if (p->rank != rank) continue;
+      int64_t& c = cursor[static_cast<size_t>(owner.at(p->fqn))];
+      const Tensor& local = entries[p->entry].local;
+      Tensor host = local.device().is_cpu() ? local : local.to(Device::cpu());
+      std::memcpy(send.data<int32_t>() + c, host.raw_data(), host.nbytes());
+      c += words(*p);
+    }
+    group.all_to_allv(recv, recv_counts, send, send_counts).wait();
+
+    // Assemble the owned tensors.
+    cursor = recv_offset;
+    for (const Piece* p : round) {
+      if (owner.at(p->fqn) != rank) continue;
+      const TensorId id{p->fqn, p->kind};
       const Meta& meta = s.view.tensors.at(id);
       auto it = full.find(id);
       if (it == full.end()) it = full.emplace(id, Tensor::empty({shape_numel(meta.shape)}, meta.dtype)).first;
-      int64_t& c = cursor[static_cast<size_t>(p.rank)];
+      int64_t& c = cursor[static_cast<size_t>(p->rank)];
       const size_t esize = dtype_size(meta.dtype);
-      std::memcpy(static_cast<char*>(it->second.raw_data()) + p.begin * static_cast<int64_t>(esize),
-                  recv.data<int32_t>() + c, static_cast<size_t>(p.numel) * esize);
-      c += words(p);
-      covered[id] += p.numel;  // pieces are distinct; overlaps between different splits are not expected
+      std::memcpy(static_cast<char*>(it->second.raw_data()) + p->begin * static_cast<int64_t>(esize),
+                  recv.data<int32_t>() + c, static_cast<size_t>(p->numel) * esize);
+      c += words(*p);
+      covered[id] += p->numel;  // pieces are distinct; overlaps between different splits are not expected
     }
   }
+  // Checking that the pieces covered every owned tensor.
   std::string error = error_of([&] {
     for (const auto& [id, meta] : s.view.tensors) {
       if (owner.at(id.first) != rank) continue;

@@ -57,6 +57,10 @@ struct SaveOptions {
   // stage_save (needed when the entries change before write(), e.g. an async
   // save). Without it the sharded saver writes from the entries' memory.
   bool snapshot = true;
+  // Unified: the pieces travel to their owners in rounds of at most this many
+  // bytes sent or received per rank, which bounds the exchange buffers (and
+  // keeps MPI's int counts in range).
+  int64_t exchange_bytes = int64_t{256} << 20;
 };
 
 /// "model-00002-of-00004.safetensors".
