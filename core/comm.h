@@ -166,4 +166,15 @@ std::unique_ptr<ProcessGroup> make_local_group();
 /// The MPI_COMM_WORLD group; MPI must be initialised (CommRuntime does it).
 std::unique_ptr<ProcessGroup> make_mpi_world_group();
 
+/// True when this build includes the NCCL backend (CUDA builds with NCCL found).
+bool nccl_available();
+/// A group over the ranks of `bootstrap` whose collectives run on GPU `device`
+/// through NCCL ("nccl" backend): the unique id travels over `bootstrap`
+/// (collective over it). Tensors must live on that GPU. Collectives run on the
+/// group's own stream, ordered after the work already issued to the GPU's
+/// compute stream; Work::wait() orders the compute stream after the
+/// collective (the host does not block), so compute overlaps communication.
+/// Throws when built without NCCL.
+std::unique_ptr<ProcessGroup> make_nccl_group(ProcessGroup& bootstrap, int device);
+
 }  // namespace st

@@ -9,6 +9,26 @@ bool compiled_with_cuda() { return false; }
 
 int device_count() { return 0; }
 
+std::string device_name(int index) {
+  ST_FAIL("cuda:{} requested, but shardtrain was built without CUDA (configure with -DST_WITH_CUDA=ON)", index);
+}
+
+void set_device(int index) {
+  ST_FAIL("cuda:{} requested, but shardtrain was built without CUDA (configure with -DST_WITH_CUDA=ON)", index);
+}
+
+CacheStats cache_stats(int index) {
+  ST_FAIL("cuda:{} requested, but shardtrain was built without CUDA (configure with -DST_WITH_CUDA=ON)", index);
+}
+
+void empty_cache(int index) {
+  ST_FAIL("cuda:{} requested, but shardtrain was built without CUDA (configure with -DST_WITH_CUDA=ON)", index);
+}
+
+void synchronize(int index) {
+  ST_FAIL("cuda:{} requested, but shardtrain was built without CUDA (configure with -DST_WITH_CUDA=ON)", index);
+}
+
 Allocator& device_allocator(int index) {
   ST_FAIL("cuda:{} requested, but shardtrain was built without CUDA (configure with -DST_WITH_CUDA=ON)", index);
 }

@@ -1,44 +1,23 @@
 // CUDA implementation of core/cuda/cuda_runtime.h (built with ST_WITH_CUDA).
-// Host code only: device discovery, a per-GPU allocator and synchronous
-// copies. Every call that can fail goes through CUDA_CHECK. A machine without
+// Host code only: device discovery, the per-GPU caching allocator and
+// compute stream, stream/event handles and copies. Every call that can fail goes through CUDA_CHECK. A machine without
 // a GPU (or without a driver) is not an error until a GPU is asked for, so
 // CPU runs and CPU tests work with a CUDA build.
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cuda_runtime.h"
+#include "core/cuda/stream.h"
 #include "core/error.h"
 
 namespace st::cuda {
 
 namespace {
-
-// Makes GPU `index` current for the lifetime of the guard and restores the
-// previous one after, so core/ never changes which GPU the caller works on.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index) {
-    CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != index) {
-      CUDA_CHECK(cudaSetDevice(index));
-      changed_ = true;
-    }
-  }
-  ~DeviceGuard() {
-    // A destructor must not throw; restoring can only fail if the context is
-    // already broken, and the next checked call will report that.
-    if (changed_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
 
 int query_device_count() {
   int count = 0;
@@ -61,12 +40,15 @@ void check_device(Device device, const char* what) {
            count);
 }
 
-// Returns memory straight to the driver: cudaMalloc/cudaFree synchronise the
-// device and are slow, so a caching allocator replaces this one in a later
-// issue; the stats it records already have the meaning the trainer logs.
-class CudaAllocator final : public Allocator {
+// Device memory for the caching allocator: cudaMalloc/cudaFree on one GPU,
+// the GPU's compute stream as every allocation's stream, and pooled events
+// as the markers that tell when another stream is done with a block.
+class CudaBlockSource final : public BlockSource {
  public:
-  explicit CudaAllocator(int index) : index_(index) {}
+  explicit CudaBlockSource(int index) : index_(index) {}
+  ~CudaBlockSource() override {
+    for (cudaEvent_t ev : idle_events_) (void)cudaEventDestroy(ev);
+  }
 
   void* allocate(size_t nbytes) override {
     DeviceGuard guard(index_);
@@ -74,25 +56,21 @@ class CudaAllocator final : public Allocator {
     cudaError_t rc = cudaMalloc(&ptr, nbytes);
     if (rc == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
-      AllocatorStats s = stats();
-      ST_FAIL("out of GPU memory on cuda:{} allocating {} bytes ({} bytes held by tensors, peak {})", index_, nbytes,
-              s.current_bytes, s.peak_bytes);
+      return nullptr;
     }
     if (rc != cudaSuccess) detail::throw_cuda_error(rc, "cudaMalloc(&ptr, nbytes)", __FILE__, __LINE__);
-    record_alloc(nbytes);
     return ptr;
   }
 
   void deallocate(void* ptr, size_t nbytes) noexcept override {
-    record_free(nbytes);
-    if (ptr == nullptr) return;
     int previous = 0;
     bool restore = cudaGetDevice(&previous) == cudaSuccess && previous != index_;
     if (restore) (void)cudaSetDevice(index_);
+    // cudaFree waits for the device, so blocks in flight on any stream are safe.
     cudaError_t rc = cudaFree(ptr);
     if (restore) (void)cudaSetDevice(previous);
-    // Cannot throw here (Storage's destructor). At process exit the runtime
-    // may already be unloaded, and the memory goes back with the context.
+    // Cannot throw here. At process exit the runtime may already be unloaded,
+    // and the memory goes back with the context.
     if (rc != cudaSuccess && rc != cudaErrorCudartUnloading) {
       (void)cudaGetLastError();
       std::fprintf(stderr, "shardtrain: cudaFree of %zu bytes on cuda:%d failed: %s\n", nbytes, index_,
@@ -100,18 +78,67 @@ class CudaAllocator final : public Allocator {
     }
   }
 
+  StreamId current_stream() override { return reinterpret_cast<StreamId>(compute_stream(index_)); }
+
+  EventId record_event(StreamId stream) override {
+    DeviceGuard guard(index_);
+    cudaEvent_t ev = nullptr;
+    if (!idle_events_.empty()) {
+      ev = idle_events_.back();
+      idle_events_.pop_back();
+    } else {
+      CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(stream)));
+    return reinterpret_cast<EventId>(ev);
+  }
+
+  bool event_done(EventId event) override {
+    cudaError_t rc = cudaEventQuery(reinterpret_cast<cudaEvent_t>(event));
+    if (rc == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    if (rc != cudaSuccess) detail::throw_cuda_error(rc, "cudaEventQuery(event)", __FILE__, __LINE__);
+    return true;
+  }
+
+  void wait_event(EventId event) override { CUDA_CHECK(cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(event))); }
+
+  // Called with the allocator's lock held, so the pool needs no lock of its own.
+  void release_event(EventId event) noexcept override { idle_events_.push_back(reinterpret_cast<cudaEvent_t>(event)); }
+
   Device device() const override { return Device::cuda(index_); }
 
  private:
   int index_;
+  std::vector<cudaEvent_t> idle_events_;
 };
 
-// Makes a copy "synchronous" in the sense the header promises: the bytes are
-// in place when the call returns, whichever stream reads them next (cudaMemcpy
-// into device memory may return before the DMA finishes).
-void finish_default_stream(int index) {
-  DeviceGuard guard(index);
-  CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+struct DeviceState {
+  std::unique_ptr<CachingAllocator> allocator;
+  std::once_flag stream_once;
+  cudaStream_t stream = nullptr;  // never destroyed: it lives as long as the context
+};
+
+// One entry per visible GPU for the whole process, like cpu_allocator(): the
+// counters must see every tensor on that GPU, and every op shares the stream.
+std::vector<DeviceState>& device_states() {
+  static std::vector<DeviceState> states = [] {
+    std::vector<DeviceState> v(static_cast<size_t>(device_count()));
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i].allocator = std::make_unique<CachingAllocator>(std::make_unique<CudaBlockSource>(static_cast<int>(i)));
+    return v;
+  }();
+  return states;
+}
+
+DeviceState& state_of(int index) {
+  int count = device_count();
+  ST_CHECK(count > 0, "cuda:{} requested, but no CUDA GPU is visible (no device or no driver); run on the CPU instead",
+           index);
+  ST_CHECK(index >= 0 && index < count, "cuda:{} requested, but only {} CUDA GPU(s) are visible", index, count);
+  return device_states()[static_cast<size_t>(index)];
 }
 
 }  // namespace
@@ -124,20 +151,99 @@ int device_count() {
   return count;
 }
 
-Allocator& device_allocator(int index) {
-  int count = device_count();
-  ST_CHECK(count > 0, "cuda:{} requested, but no CUDA GPU is visible (no device or no driver); run on the CPU instead",
-           index);
-  ST_CHECK(index >= 0 && index < count, "cuda:{} requested, but only {} CUDA GPU(s) are visible", index, count);
-  // One allocator per GPU for the whole process, like cpu_allocator(): their
-  // counters must see every tensor on that GPU.
-  static const std::vector<std::unique_ptr<CudaAllocator>> allocators = [count] {
-    std::vector<std::unique_ptr<CudaAllocator>> v;
-    for (int i = 0; i < count; ++i) v.push_back(std::make_unique<CudaAllocator>(i));
-    return v;
-  }();
-  return *allocators[static_cast<size_t>(index)];
+std::string device_name(int index) {
+  state_of(index);
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return prop.name;
 }
+
+void set_device(int index) {
+  state_of(index);
+  CUDA_CHECK(cudaSetDevice(index));
+}
+
+Allocator& device_allocator(int index) { return *state_of(index).allocator; }
+
+CacheStats cache_stats(int index) { return state_of(index).allocator->cache_stats(); }
+
+void empty_cache(int index) { state_of(index).allocator->empty_cache(); }
+
+cudaStream_t compute_stream(int index) {
+  DeviceState& state = state_of(index);
+  std::call_once(state.stream_once, [&] {
+    DeviceGuard guard(index);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
+  });
+  return state.stream;
+}
+
+void record_stream(void* ptr, int device, cudaStream_t stream) {
+  state_of(device).allocator->record_stream(ptr, reinterpret_cast<StreamId>(stream));
+}
+
+void synchronize(int index) {
+  DeviceGuard guard(index);
+  CUDA_CHECK(cudaStreamSynchronize(compute_stream(index)));
+}
+
+// --- Stream and Event ------------------------------------------------------------
+
+Stream::Stream(int priority) { CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority)); }
+
+Stream::~Stream() {
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+}
+
+Stream& Stream::operator=(Stream&& other) noexcept {
+  if (this != &other) {
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+    stream_ = std::exchange(other.stream_, nullptr);
+  }
+  return *this;
+}
+
+void Stream::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+Event::Event(Timing timing) {
+  CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing == Timing::On ? cudaEventDefault : cudaEventDisableTiming));
+}
+
+Event::~Event() {
+  if (event_ != nullptr) (void)cudaEventDestroy(event_);
+}
+
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    if (event_ != nullptr) (void)cudaEventDestroy(event_);
+    event_ = std::exchange(other.event_, nullptr);
+  }
+  return *this;
+}
+
+void Event::record(cudaStream_t stream) const { CUDA_CHECK(cudaEventRecord(event_, stream)); }
+
+void Event::block(cudaStream_t stream) const { CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
+
+bool Event::query() const {
+  cudaError_t rc = cudaEventQuery(event_);
+  if (rc == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (rc != cudaSuccess) detail::throw_cuda_error(rc, "cudaEventQuery(event_)", __FILE__, __LINE__);
+  return true;
+}
+
+void Event::synchronize() const { CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+float Event::elapsed_ms(const Event& start, const Event& end) {
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, end.event_));
+  return ms;
+}
+
+// --- copies ----------------------------------------------------------------------
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
   if (nbytes == 0) return;
@@ -145,27 +251,28 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     std::memmove(dst, src, nbytes);
     return;
   }
-  if (src_device.is_cpu()) {
-    check_device(dst_device, "copy_bytes destination");
-    DeviceGuard guard(dst_device.index);
-    CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyHostToDevice));
-    finish_default_stream(dst_device.index);
-  } else if (dst_device.is_cpu()) {
-    check_device(src_device, "copy_bytes source");
-    DeviceGuard guard(src_device.index);
-    CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDeviceToHost));
+  if (src_device.is_cpu() || dst_device.is_cpu()) {
+    Device gpu = src_device.is_cpu() ? dst_device : src_device;
+    check_device(gpu, src_device.is_cpu() ? "copy_bytes destination" : "copy_bytes source");
+    DeviceGuard guard(gpu.index);
+    cudaStream_t stream = compute_stream(gpu.index);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, src_device.is_cpu() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                               stream));
+    // The host buffer may be reused (or read) as soon as we return.
+    CUDA_CHECK(cudaStreamSynchronize(stream));
   } else if (dst_device.index == src_device.index) {
     check_device(dst_device, "copy_bytes");
     DeviceGuard guard(dst_device.index);
-    CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDeviceToDevice));
-    finish_default_stream(dst_device.index);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, compute_stream(dst_device.index)));
   } else {
     check_device(src_device, "copy_bytes source");
     check_device(dst_device, "copy_bytes destination");
-    CUDA_CHECK(cudaMemcpyPeer(dst, dst_device.index, src, src_device.index, nbytes));
-    // A peer copy is ordered with both devices' work but not with the host.
+    // The source's pending writes finish first; the peer copy then runs on
+    // the destination's stream, so later work there sees the bytes.
+    synchronize(src_device.index);
     DeviceGuard guard(dst_device.index);
-    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(
+        cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, compute_stream(dst_device.index)));
   }
 }
 
@@ -177,8 +284,7 @@ void zero_bytes(void* dst, Device device, size_t nbytes) {
   }
   check_device(device, "zero_bytes");
   DeviceGuard guard(device.index);
-  CUDA_CHECK(cudaMemset(dst, 0, nbytes));
-  finish_default_stream(device.index);
+  CUDA_CHECK(cudaMemsetAsync(dst, 0, nbytes, compute_stream(device.index)));
 }
 
 }  // namespace st::cuda
