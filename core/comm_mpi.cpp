@@ -11,6 +11,12 @@
 //
 // Staging buffers are allocated per call: several Works may be in flight at
 // once, each needing its own.
+//
+// GPU tensors are staged through host memory: copied to the host when the
+// collective starts (which waits for the GPU's pending work), run through the
+// CPU path, and the output copied back inside wait(). That costs two copies
+// per call, which is why GPU runs use the NCCL backend; staging is what lets
+// several ranks share one GPU (tests) or a GPU build run without NCCL.
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -141,6 +147,30 @@ void divide_f32(const Tensor& t, float divisor) {
   for (int64_t i = 0; i < t.numel(); ++i) p[i] /= divisor;
 }
 
+/// A collective on GPU tensors, run by the CPU path on host copies: wait()
+/// finishes the host collective, then copies its output back to the device.
+class StagedWork final : public Work::Impl {
+ public:
+  StagedWork(Work host_work, Tensor device_out, Tensor host_out)
+      : host_work_(std::move(host_work)), device_out_(std::move(device_out)), host_out_(std::move(host_out)) {}
+
+  void wait() override {
+    host_work_.wait();
+    device_out_.copy_from(host_out_);
+  }
+  bool test() override { return host_work_.is_completed(); }
+
+ private:
+  Work host_work_;
+  Tensor device_out_;  // the caller's output on the GPU
+  Tensor host_out_;    // where the host collective writes it
+};
+
+/// `host_work` (a collective into `host_out`) as a Work that fills `device_out`.
+Work staged(Work host_work, const Tensor& device_out, const Tensor& host_out) {
+  return Work(std::make_unique<StagedWork>(std::move(host_work), device_out, host_out));
+}
+
 /// The request of one started collective, what it needs kept alive, and the
 /// step that finishes it on this rank once MPI is done.
 class MpiWork final : public Work::Impl {
@@ -204,9 +234,13 @@ class MpiGroup final : public ProcessGroup {
   int size() const override { return size_; }
   std::string backend_name() const override { return "mpi"; }
 
-  Work all_gather(const Tensor& out, const Tensor& in, const AllGatherOptions&) override {
+  Work all_gather(const Tensor& out, const Tensor& in, const AllGatherOptions& opts) override {
     check_all_gather(out, in);
-    check_host("all_gather", out);
+    if (out.device().is_cuda()) {
+      // `in` is copied now, so an `in` inside `out` (the in-place form) stays correct.
+      Tensor host_out = Tensor::empty(out.shape(), out.dtype());
+      return staged(all_gather(host_out, in.to(Device::cpu()), opts), out, host_out);
+    }
     int64_t n = in.numel();
     int count = mpi_count("all_gather", "in", n);
     auto work = start("all_gather", in);
@@ -228,7 +262,10 @@ class MpiGroup final : public ProcessGroup {
 
   Work reduce_scatter(const Tensor& out, const Tensor& in, const ReduceScatterOptions& opts) override {
     check_reduce_scatter(out, in, opts.op);
-    check_host("reduce_scatter", out);
+    if (out.device().is_cuda()) {
+      Tensor host_out = Tensor::empty(out.shape(), out.dtype());
+      return staged(reduce_scatter(host_out, in.to(Device::cpu()), opts), out, host_out);
+    }
     int count = mpi_count("reduce_scatter", "out", out.numel());
     auto work = start(format("reduce_scatter({})", opts.op), out);
     work->keep(in);
@@ -258,7 +295,10 @@ class MpiGroup final : public ProcessGroup {
 
   Work all_reduce(const Tensor& t, const AllReduceOptions& opts) override {
     check_all_reduce(t, opts.op);
-    check_host("all_reduce", t);
+    if (t.device().is_cuda()) {
+      Tensor host = t.to(Device::cpu());
+      return staged(all_reduce(host, opts), t, host);
+    }
     int count = mpi_count("all_reduce", "t", t.numel());
     auto work = start(format("all_reduce({})", opts.op), t);
     work->keep(t);
@@ -285,7 +325,10 @@ class MpiGroup final : public ProcessGroup {
 
   Work broadcast(const Tensor& t, const BroadcastOptions& opts) override {
     check_broadcast(t, opts.root);
-    check_host("broadcast", t);
+    if (t.device().is_cuda()) {
+      Tensor host = t.to(Device::cpu());
+      return staged(broadcast(host, opts), t, host);
+    }
     int count = mpi_count("broadcast", "t", t.numel());
     auto work = start(format("broadcast(root {})", opts.root), t);
     work->keep(t);
@@ -294,9 +337,12 @@ class MpiGroup final : public ProcessGroup {
   }
 
   Work all_to_allv(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in,
-                   std::span<const int64_t> send_counts, const AllToAllOptions&) override {
+                   std::span<const int64_t> send_counts, const AllToAllOptions& opts) override {
     check_all_to_allv(out, recv_counts, in, send_counts);
-    check_host("all_to_allv", out);
+    if (out.device().is_cuda()) {
+      Tensor host_out = Tensor::empty(out.shape(), out.dtype());
+      return staged(all_to_allv(host_out, recv_counts, in.to(Device::cpu()), send_counts, opts), out, host_out);
+    }
     auto work = start("all_to_allv", in);
     // Layout of ints(): send counts, send displacements, recv counts, recv displacements.
     auto n = static_cast<size_t>(size_);
@@ -338,15 +384,6 @@ class MpiGroup final : public ProcessGroup {
   std::unique_ptr<MpiWork> start(const std::string& op, const Tensor& t) const {
     return std::make_unique<MpiWork>(
         format("{} of {} {} elements on rank {} of {}", op, t.numel(), t.dtype(), rank_, size_));
-  }
-
-  void check_host(const char* op, const Tensor& t) const {
-    // Device tensors take the NCCL backend; staging them through host memory
-    // here would hide a copy per collective from the caller.
-    ST_CHECK(t.device().is_cpu(),
-             "{}: the MPI backend takes CPU tensors, this one is on {}; copy it with .to(Device::cpu()) or use the "
-             "NCCL backend (rank {})",
-             op, t.device(), rank_);
   }
 
   /// MPI counts are int.
