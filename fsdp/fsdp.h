@@ -68,9 +68,12 @@ class ShardedModel {
   /// Plans units, creates the shard and replica groups (split of `world`),
   /// allocates and initialises this rank's master shards (seeded init of just
   /// its slices) and installs hooks. `local_size` = ranks per host, used when
-  /// HYBRID_SHARD's shard_group_size is 0.
+  /// HYBRID_SHARD's shard_group_size is 0. Every buffer (master and gradient
+  /// shards, gathered weights, gradients) lives on `device`, and `world`'s
+  /// backend must take tensors there (NCCL, or MPI, which stages through host
+  /// memory). The model's input goes on that device too.
   ShardedModel(models::Module& model, const FsdpConfig& config, ProcessGroup& world, int local_size, uint64_t seed,
-               Logger& log);
+               Logger& log, Device device = Device::cpu());
   ~ShardedModel();
   ShardedModel(const ShardedModel&) = delete;
   ShardedModel& operator=(const ShardedModel&) = delete;
@@ -109,6 +112,8 @@ class ShardedModel {
   MemoryReport memory_report() const;
   const std::vector<UnitPlan>& units() const;
   int shard_group_size() const;
+  /// Where the sharded state and the computation live.
+  Device device() const;
 
  private:
   struct Impl;

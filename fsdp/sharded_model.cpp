@@ -98,6 +98,7 @@ struct ShardedModel::Impl {
   FsdpConfig config;
   ProcessGroup& world;
   Logger& log;
+  Device device;
   int g = 1;
   DType param_dtype = DType::F32;
   DType reduce_dtype = DType::F32;
@@ -120,8 +121,8 @@ struct ShardedModel::Impl {
   std::deque<PendingReduction> pending;
 
   Impl(models::Module& model_, const FsdpConfig& config_, ProcessGroup& world_, int local_size, uint64_t seed,
-       Logger& log_)
-      : model(model_), config(config_), world(world_), log(log_) {
+       Logger& log_, Device device_)
+      : model(model_), config(config_), world(world_), log(log_), device(device_) {
     g = shard_group_size_for(local_size);
     param_dtype = to_dtype(config.mixed_precision.param_dtype);
     reduce_dtype = to_dtype(config.mixed_precision.reduce_dtype);
@@ -192,8 +193,9 @@ struct ShardedModel::Impl {
     }
     unit.padded = (numel + g - 1) / g * g;
     unit.shard_size = unit.padded / g;
-    unit.master = Tensor::zeros({unit.shard_size}, DType::F32);  // padding stays zero forever
-    unit.grad = Tensor::zeros({unit.shard_size}, DType::F32);
+    // Initialised on the host (the seeded init is CPU code), then moved.
+    Tensor master = Tensor::zeros({unit.shard_size}, DType::F32);  // padding stays zero forever
+    unit.grad = Tensor::zeros({unit.shard_size}, DType::F32, device);
     const int64_t lo = shard_group->rank() * unit.shard_size;
     const int64_t hi = lo + unit.shard_size;
     optim::Segment segment{unit.master, unit.grad, {}};
@@ -206,10 +208,12 @@ struct ShardedModel::Impl {
       p->grad = Tensor();
       if (a >= b) continue;
       Piece piece{fqn, p, a - start, b - a, a - lo};
-      models::init_parameter_slice(*p, fqn, seed, piece.begin, unit.master.flat_slice(piece.offset, piece.count));
+      models::init_parameter_slice(*p, fqn, seed, piece.begin, master.flat_slice(piece.offset, piece.count));
       segment.ranges.push_back({fqn, piece.offset, piece.count, p->weight_decay});
       unit.pieces.push_back(std::move(piece));
     }
+    unit.master = device.is_cpu() ? master : master.to(device);
+    segment.param = unit.master;
     segments.push_back(std::move(segment));
     units.push_back(std::move(unit));
   }
@@ -217,7 +221,7 @@ struct ShardedModel::Impl {
   // --- gather / free ------------------------------------------------------------
 
   void issue_gather(FlatParam& unit) {
-    unit.full = Tensor::empty({unit.padded}, param_dtype);
+    unit.full = Tensor::empty({unit.padded}, param_dtype, device);
     if (g == 1) {
       ops::cast(unit.master, unit.full);
       unit.state = GatherState::Gathered;
@@ -318,7 +322,7 @@ struct ShardedModel::Impl {
     }
     ensure_gathered(u);
     FlatParam& unit = units[u];
-    unit.full_grad = Tensor::zeros({unit.padded}, param_dtype);
+    unit.full_grad = Tensor::zeros({unit.padded}, param_dtype, device);
     for (size_t i = 0; i < unit.plan.params.size(); ++i) {
       models::Parameter* p = unit.plan.params[i].second;
       p->grad = unit.full_grad.flat_slice(unit.offsets[i], shape_numel(p->shape)).view(p->shape);
@@ -357,7 +361,7 @@ struct ShardedModel::Impl {
     PendingReduction r;
     r.unit = u;
     if (g > 1) {
-      r.shard = Tensor::empty({unit.shard_size}, reduce_dtype);
+      r.shard = Tensor::empty({unit.shard_size}, reduce_dtype, device);
       r.work = shard_group->reduce_scatter(r.shard, grad);  // the Work keeps `grad` alive
       r.stage = ReductionStage::Scatter;
     } else if (replica_group->size() > 1) {
@@ -429,11 +433,11 @@ struct ShardedModel::Impl {
     // order in double, so the norm does not depend on how MPI combines.
     const auto hi = static_cast<float>(local);
     const auto lo = static_cast<float>(local - static_cast<double>(hi));
-    Tensor mine = Tensor::from_vector(std::vector<float>{hi, lo}, {2});
-    Tensor all = Tensor::empty({2 * static_cast<int64_t>(g)}, DType::F32);
+    Tensor mine = Tensor::from_vector(std::vector<float>{hi, lo}, {2}).to(device);
+    Tensor all = Tensor::empty({2 * static_cast<int64_t>(g)}, DType::F32, device);
     shard_group->all_gather(all, mine).wait();
+    const std::vector<float> v = all.to_floats();
     double total = 0;
-    const float* v = all.data<float>();
     for (int r = 0; r < g; ++r) total += static_cast<double>(v[2 * r]) + static_cast<double>(v[2 * r + 1]);
     return total;
   }
@@ -465,10 +469,11 @@ struct ShardedModel::Impl {
     for (FlatParam& unit : units) {
       Tensor full = unit.master;
       if (g > 1) {
-        full = Tensor::empty({unit.padded}, DType::F32);
+        full = Tensor::empty({unit.padded}, DType::F32, device);
         shard_group->all_gather(full, unit.master).wait();
       }
-      const float* data = full.data<float>();
+      const std::vector<float> host = full.to_floats();
+      const float* data = host.data();
       for (size_t i = 0; i < unit.plan.params.size(); ++i) {
         const auto& [fqn, p] = unit.plan.params[i];
         const float* begin = data + unit.offsets[i];
@@ -496,8 +501,8 @@ struct ShardedModel::Impl {
 };
 
 ShardedModel::ShardedModel(models::Module& model, const FsdpConfig& config, ProcessGroup& world, int local_size,
-                           uint64_t seed, Logger& log)
-    : impl_(std::make_unique<Impl>(model, config, world, local_size, seed, log)) {}
+                           uint64_t seed, Logger& log, Device device)
+    : impl_(std::make_unique<Impl>(model, config, world, local_size, seed, log, device)) {}
 
 ShardedModel::~ShardedModel() = default;
 
@@ -548,6 +553,7 @@ std::vector<std::pair<std::string, std::vector<float>>> ShardedModel::full_param
 MemoryReport ShardedModel::memory_report() const { return impl_->memory_report(); }
 const std::vector<UnitPlan>& ShardedModel::units() const { return impl_->plans; }
 int ShardedModel::shard_group_size() const { return impl_->g; }
+Device ShardedModel::device() const { return impl_->device; }
 
 void ShardedModel::log_memory_table(int64_t optimizer_bytes) const {
   const Impl& m = *impl_;

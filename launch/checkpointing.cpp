@@ -1,5 +1,6 @@
 #include "launch/checkpointing.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -54,6 +55,28 @@ std::vector<StateEntry> training_state(fsdp::ShardedModel& model, optim::Optimiz
     entries.insert(entries.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   }
   return entries;
+}
+
+// The checkpoint subsystem reads and writes host memory. Entries that live on
+// a GPU are copied to host tensors here (for a save this copy is also the
+// snapshot); `copy_back` returns loaded values to the device.
+bool any_on_device(const std::vector<StateEntry>& entries) {
+  return std::any_of(entries.begin(), entries.end(), [](const StateEntry& e) { return !e.local.device().is_cpu(); });
+}
+
+std::vector<StateEntry> on_host(const std::vector<StateEntry>& entries) {
+  std::vector<StateEntry> host = entries;
+  for (StateEntry& e : host) {
+    if (!e.local.device().is_cpu()) e.local = e.local.to(Device::cpu());
+  }
+  return host;
+}
+
+void copy_back(const std::vector<StateEntry>& device_entries, const std::vector<StateEntry>& host_entries) {
+  for (size_t i = 0; i < device_entries.size(); ++i) {
+    const Tensor& dst = device_entries[i].local;
+    if (!dst.device().is_cpu()) dst.copy_from(host_entries[i].local);
+  }
 }
 
 void write_text(const std::string& path, const std::string& text) {
@@ -177,8 +200,11 @@ void Checkpointer::save(int64_t step, int64_t consumed) {
   options.model_weights = !skip_model;
   // F32 model weights are the master weights: writing both would store them twice.
   options.master_weights = skip_model || options.model_dtype != DType::F32;
-  options.snapshot = c.async;
   std::vector<StateEntry> entries = training_state(model_, optimizer_, true);
+  // Device state is copied to the host here, and that copy is already private to this save.
+  const bool on_device = any_on_device(entries);
+  if (on_device) entries = on_host(entries);
+  options.snapshot = c.async && !on_device;
   f->staged.emplace(checkpoint::stage_save(tmp, entries, options, world_));
   f->total_bytes = f->staged->total_bytes();
 
@@ -320,7 +346,13 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
     options.master_from_model = init || has_option(c, kMasterCompatible);
     std::vector<StateEntry> entries = training_state(model_, optimizer_, !init);
     for (const StateEntry& e : entries) bytes += static_cast<int64_t>(e.local.nbytes());
-    checkpoint::load_entries(catalog, entries, options);
+    if (any_on_device(entries)) {
+      std::vector<StateEntry> host = on_host(entries);
+      checkpoint::load_entries(catalog, host, options);
+      copy_back(entries, host);
+    } else {
+      checkpoint::load_entries(catalog, entries, options);
+    }
   });
   if (!init) optimizer_.set_step_count(state["optimizer_steps"].get<int64_t>());
   Tensor total = Tensor::full({1}, static_cast<double>(bytes), DType::F32);

@@ -78,7 +78,26 @@ void log_config(const Config& config, Logger& log) {
   for (std::string line; std::getline(yaml, line);) log.info0("  {}", line);
 }
 
+// The group the sharded model communicates over: NCCL between GPUs when
+// this build has it and there is anyone to talk to; otherwise the world
+// group itself (MPI stages device tensors through host memory, and a
+// single process needs no communication at all).
+std::unique_ptr<ProcessGroup> device_group(ProcessGroup& world, Device device) {
+  if (device.is_cuda() && world.size() > 1 && nccl_available()) return make_nccl_group(world, device.index);
+  return nullptr;
+}
+
 }  // namespace
+
+Device resolve_device(DeviceKind kind, int local_rank) {
+  if (kind == DeviceKind::Cpu) return Device::cpu();
+  const int gpus = cuda::device_count();
+  if (kind == DeviceKind::Auto && gpus == 0) return Device::cpu();
+  ST_CHECK(gpus > 0, "train.device: cuda, but {}; set train.device: cpu (or auto)",
+           cuda::compiled_with_cuda() ? "no CUDA GPU is visible (no device or no driver)"
+                                      : "shardtrain was built without CUDA");
+  return Device::cuda(local_rank % gpus);
+}
 
 int64_t accumulation_steps(const TrainConfig& train, int world_size) {
   const int64_t per_step = static_cast<int64_t>(world_size) * train.micro_batch_size;
@@ -92,16 +111,17 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   const TrainConfig& tc = config.train;
   const int64_t accum = accumulation_steps(tc, world.size());
   check_checkpoint_config(config, options.resume);
-  ST_CHECK(tc.device != DeviceKind::Cuda, "train.device: cuda training arrives with the CUDA backend; use cpu or auto");
-  if (tc.device == DeviceKind::Auto && cuda::device_count() > 0) {
-    log.warn0("train.device auto: a GPU is visible but training on it arrives with the CUDA backend; using the CPU");
-  }
+  const Device device = resolve_device(tc.device, options.local_rank);
+  if (device.is_cuda()) cuda::set_device(device.index);
+  std::unique_ptr<ProcessGroup> gpu_group = device_group(world, device);
+  ProcessGroup& fsdp_group = gpu_group ? *gpu_group : world;
+  Allocator& allocator = allocator_for(device);
 
   std::unique_ptr<models::Model> model = models::build_model(config.model);
   const int64_t n_params = model->num_parameters();
   // Recomputation first, then sharding: the order PyTorch applies them in.
   const int recomputed = fsdp::apply_activation_checkpointing(*model, config.fsdp.activation_checkpointing);
-  fsdp::ShardedModel sharded(*model, config.fsdp, world, local_size, tc.seed, log);
+  fsdp::ShardedModel sharded(*model, config.fsdp, fsdp_group, local_size, tc.seed, log, device);
 
   std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(config.optim);
   for (const optim::Segment& segment : sharded.segments()) optimizer->add_segment(segment);
@@ -111,6 +131,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
 
   log.info0("model {}: {} parameters ({:.2f} M)", config.model.name, n_params, n_params / 1e6);
   log.info0("data: {}", dataset->describe());
+  log.info0("device: {}{}, collectives over {}", device.str(),
+            device.is_cuda() ? " (" + cuda::device_name(device.index) + ")" : std::string(), fsdp_group.backend_name());
   log.info0("{} rank(s), {} (shard groups of {}), param_dtype {}, reduce_dtype {}, recomputed layers {}", world.size(),
             to_string(config.fsdp.sharding_strategy), sharded.shard_group_size(),
             to_string(config.fsdp.mixed_precision.param_dtype), to_string(config.fsdp.mixed_precision.reduce_dtype),
@@ -127,14 +149,18 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   const double tokens_per_sample = loss_kind == models::LossKind::CrossEntropy ? static_cast<double>(tc.seq_len) : 1.0;
 
   // Batch buffers are sized once; the step fills them in place.
-  std::vector<Tensor> inputs, targets;
+  // On a GPU the host buffers are copied into device twins before each step.
+  std::vector<Tensor> inputs, targets, device_inputs, device_targets;
   for (int64_t m = 0; m < accum; ++m) {
     inputs.push_back(Tensor::empty(in_shape, in_dtype));
     targets.push_back(Tensor::empty(tgt_shape, in_dtype));
+    device_inputs.push_back(device.is_cpu() ? inputs.back() : Tensor::empty(in_shape, in_dtype, device));
+    device_targets.push_back(device.is_cpu() ? targets.back() : Tensor::empty(tgt_shape, in_dtype, device));
   }
 
   TrainResult result;
   result.num_parameters = n_params;
+  result.device = device.str();
   int64_t consumed = 0;
   int64_t first_step = 0;
   TerminateHandler sigterm;
@@ -149,13 +175,17 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   double timed_seconds = 0;
   for (int64_t step = first_step; step < last_step; ++step) {
     const auto step_start = Clock::now();
-    cpu_allocator().reset_peak();
+    allocator.reset_peak();
 
     std::vector<int64_t> mine =
         rank_batch_indices(tc.seed, dataset->size(), consumed, tc.global_batch_size, world.rank(), world.size());
     for (int64_t m = 0; m < accum; ++m) {
       std::span<const int64_t> idx(mine.data() + m * tc.micro_batch_size, static_cast<size_t>(tc.micro_batch_size));
       load_batch(*dataset, idx, inputs[static_cast<size_t>(m)], targets[static_cast<size_t>(m)]);
+      if (device.is_cuda()) {
+        device_inputs[static_cast<size_t>(m)].copy_from(inputs[static_cast<size_t>(m)]);
+        device_targets[static_cast<size_t>(m)].copy_from(targets[static_cast<size_t>(m)]);
+      }
     }
     const int64_t count = global_loss_count(loss_kind, targets, world);
     const float grad_scale = 1.0f / static_cast<float>(count);
@@ -163,8 +193,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     sharded.zero_grad();
     double local_loss_sum = 0;
     for (int64_t m = 0; m < accum; ++m) {
-      const Tensor& x = inputs[static_cast<size_t>(m)];
-      const Tensor& y = targets[static_cast<size_t>(m)];
+      const Tensor& x = device_inputs[static_cast<size_t>(m)];
+      const Tensor& y = device_targets[static_cast<size_t>(m)];
       Tensor out = sharded.forward(x);
       // Both losses write their gradient over the output, which backward no
       // longer needs (layers keep their inputs), so nothing is allocated here.
@@ -194,6 +224,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     optimizer->step(lr);
     consumed += tc.global_batch_size;
 
+    // The step's GPU work (the optimizer's last kernels) is done before it is timed.
+    if (device.is_cuda()) cuda::synchronize(device.index);
     const double step_seconds = seconds_since(step_start);
     if (step > first_step) timed_seconds += step_seconds;  // the first step includes warm-up
     result.losses.push_back(loss);
@@ -207,7 +239,7 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     sm.tokens_per_s = tokens_per_sample * static_cast<double>(tc.global_batch_size) / step_seconds;
     sm.elapsed_s = elapsed;
     sm.eta_s = elapsed / static_cast<double>(step + 1 - first_step) * static_cast<double>(tc.steps - step - 1);
-    sm.peak_bytes = cpu_allocator().stats().peak_bytes;
+    sm.peak_bytes = allocator.stats().peak_bytes;
     if ((step + 1) % config.logging.interval == 0 || step + 1 == last_step) {
       log.info0("{}", format_step_line(sm));
       metrics.append(sm);

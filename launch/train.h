@@ -15,13 +15,20 @@ namespace st::launch {
 struct TrainOptions {
   int64_t stop_after = 0;        // save and stop after this step (0: run to train.steps)
   std::string resume = "never";  // auto | never | checkpoint directory
+  int local_rank = 0;            // rank among this host's processes: picks the GPU (local_rank % GPUs)
 };
 
 struct TrainResult {
   std::vector<double> losses;  // per completed step, mean over the global batch
   double tokens_per_s = 0;     // mean throughput over the steps after the first
   int64_t num_parameters = 0;
+  std::string device;  // "cpu" or "cuda:N", where this rank trained
 };
+
+/// Where train.device puts this rank: cpu; cuda (GPU local_rank % visible
+/// GPUs; an error naming train.device when there is none); auto = cuda when
+/// a GPU is visible, else cpu.
+Device resolve_device(DeviceKind kind, int local_rank);
 
 /// Runs `config.train.steps` optimizer steps on `world`. Collective: every
 /// rank calls it with the same config. Rank 0 logs and writes metrics.

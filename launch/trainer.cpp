@@ -56,7 +56,7 @@ int run(const std::vector<std::string>& argv) {
     log.info0("collective self-check passed: {} checks, 0 wrong elements", report.checks.size());
     return 0;
   }
-  st::launch::train(config, world, log, info.local_size, {args.stop_after, args.resume});
+  st::launch::train(config, world, log, info.local_size, {args.stop_after, args.resume, info.local_rank});
   return 0;
 }
 

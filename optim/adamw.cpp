@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cuda/ops_cuda.h"
 #include "core/error.h"
 #include "optim/kernel.h"
 
@@ -63,9 +64,12 @@ class AdamW final : public Optimizer {
   size_t add_segment(Segment segment) override {
     validate_segment(segment);
     const int64_t n = segment.param.numel();
-    Tensor exp_avg = Tensor::zeros({n}, DType::F32);
-    Tensor exp_avg_sq = Tensor::zeros({n}, DType::F32);
-    slots_.push_back({std::move(segment), std::move(exp_avg), std::move(exp_avg_sq)});
+    const Device device = segment.param.device();
+    Tensor exp_avg = Tensor::zeros({n}, DType::F32, device);
+    Tensor exp_avg_sq = Tensor::zeros({n}, DType::F32, device);
+    // On a GPU one fused launch updates the whole segment; its range table is built once.
+    Tensor ranges = device.is_cuda() ? range_table(segment) : Tensor();
+    slots_.push_back({std::move(segment), std::move(exp_avg), std::move(exp_avg_sq), std::move(ranges)});
     return slots_.size() - 1;
   }
 
@@ -85,6 +89,13 @@ class AdamW final : public Optimizer {
     s.neg_step_size = static_cast<float>(-(lr / bias_correction1));
     const float decay = static_cast<float>(1.0 - lr * weight_decay_);
     for (Slot& slot : slots_) {
+      if (slot.ranges.defined()) {
+        cuda::AdamWScalars cs{decay,   s.beta1,           s.one_minus_beta1,
+                              s.beta2, s.one_minus_beta2, s.bias_correction2_sqrt,
+                              s.eps,   s.neg_step_size};
+        cuda::adamw_step(slot.segment.param, slot.segment.grad, slot.exp_avg, slot.exp_avg_sq, slot.ranges, cs);
+        continue;
+      }
       float* p = slot.segment.param.data<float>();
       const float* g = slot.segment.grad.data<float>();
       float* m = slot.exp_avg.data<float>();
@@ -113,6 +124,7 @@ class AdamW final : public Optimizer {
     Segment segment;
     Tensor exp_avg;     // F32 [n], zero outside ranges
     Tensor exp_avg_sq;  // F32 [n], zero outside ranges
+    Tensor ranges;      // I32 [R, 3] on the GPU (see range_table); undefined on the CPU
   };
 
   double beta1_, beta2_, eps_, weight_decay_;

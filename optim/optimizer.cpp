@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/cuda/ops_cuda.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "optim/kernel.h"
@@ -27,9 +28,6 @@ void check_flat_f32(const Tensor& t, const char* what, const Segment& segment) {
            segment_name(segment), what, t.dtype());
   ST_CHECK(t.dim() == 1, "optimizer {}: {} must be 1-D (a flat buffer), got shape {}", segment_name(segment), what,
            shape_str(t.shape()));
-  // The kernels are plain CPU loops; a device segment would need device kernels.
-  ST_CHECK(t.device().is_cpu(), "optimizer {}: {} is on {}, but the optimizer updates CPU tensors only",
-           segment_name(segment), what, t.device());
 }
 
 }  // namespace
@@ -37,6 +35,8 @@ void check_flat_f32(const Tensor& t, const char* what, const Segment& segment) {
 void validate_segment(const Segment& segment) {
   check_flat_f32(segment.param, "param", segment);
   check_flat_f32(segment.grad, "grad", segment);
+  ST_CHECK(segment.grad.device() == segment.param.device(), "optimizer {}: param is on {} but grad is on {}",
+           segment_name(segment), segment.param.device(), segment.grad.device());
   const int64_t n = segment.param.numel();
   ST_CHECK(segment.grad.numel() == n, "optimizer {}: grad has {} elements but param has {}", segment_name(segment),
            segment.grad.numel(), n);
@@ -55,6 +55,24 @@ void validate_segment(const Segment& segment) {
     }
     prev = &r;
   }
+}
+
+Tensor range_table(const Segment& segment) {
+  std::vector<int32_t> rows;
+  rows.reserve(segment.ranges.size() * 3);
+  for (const ParamRange& r : segment.ranges) {
+    // The GPU kernels index a segment with 32-bit offsets: one rank's shard of
+    // one unit stays far below 2^31 elements (8 GiB of F32) in practice.
+    ST_CHECK(r.offset + r.numel < (int64_t{1} << 31),
+             "optimizer {}: parameter '{}' ends at element {}, beyond the 2^31 elements a GPU segment supports; wrap "
+             "the model into smaller units (fsdp.auto_wrap)",
+             segment_name(segment), r.fqn, r.offset + r.numel);
+    rows.push_back(static_cast<int32_t>(r.offset));
+    rows.push_back(static_cast<int32_t>(r.numel));
+    rows.push_back(r.weight_decay ? 1 : 0);
+  }
+  Tensor table = Tensor::from_vector(rows, {static_cast<int64_t>(segment.ranges.size()), 3});
+  return segment.param.device().is_cpu() ? table : table.to(segment.param.device());
 }
 
 void validate_lr(double lr) {
@@ -77,6 +95,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config) {
 
 double grad_sum_of_squares(const Segment& segment) {
   detail::validate_segment(segment);
+  if (segment.grad.device().is_cuda()) return cuda::masked_sum_of_squares(segment.grad, detail::range_table(segment));
   const float* g = segment.grad.data<float>();
   double sum = 0.0;
   for (const ParamRange& r : segment.ranges) {
@@ -101,6 +120,10 @@ void scale_grad(const Segment& segment, double coefficient) {
   detail::validate_segment(segment);
   // torch multiplies by the coefficient held as an F32 tensor.
   const float c = static_cast<float>(coefficient);
+  if (segment.grad.device().is_cuda()) {
+    cuda::masked_scale(segment.grad, detail::range_table(segment), c);
+    return;
+  }
   float* g = segment.grad.data<float>();
   for (const ParamRange& r : segment.ranges) {
     for (int64_t i = r.offset; i < r.offset + r.numel; ++i) g[i] *= c;

@@ -45,6 +45,10 @@ class Sgd final : public Optimizer {
 
   size_t add_segment(Segment segment) override {
     validate_segment(segment);
+    ST_CHECK(segment.param.device().is_cpu(),
+             "optim.name: sgd updates CPU tensors only, and {} is on {}; use adamw (which has a GPU kernel) or "
+             "train.device: cpu",
+             segment_name(segment), segment.param.device());
     Tensor buffer = Tensor::zeros({segment.param.numel()}, DType::F32);
     slots_.push_back({std::move(segment), std::move(buffer)});
     return slots_.size() - 1;

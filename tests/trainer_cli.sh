@@ -45,6 +45,14 @@ expect_error bad_set "did you mean 'fsdp.sharding_strategy'?" -- \
 expect_error missing_file "missing.yaml" -- "$trainer" --config missing.yaml
 expect_error no_config "missing --config FILE" -- "$trainer"
 expect_error bad_flag "unknown argument '--bogus'" -- "$trainer" --config /dev/null --bogus
+# train.device: cuda where no GPU can be used names the key and the fix; on a
+# machine with a GPU this check has nothing to test.
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  echo "skip cuda_without_gpu: a GPU is visible"
+else
+  expect_error cuda_without_gpu "train.device: cuda, but" -- \
+    "$trainer" --config /dev/null --set model.name=toy --set train.device=cuda --steps 1
+fi
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures check(s) failed"
