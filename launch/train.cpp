@@ -79,11 +79,13 @@ void log_config(const Config& config, Logger& log) {
 }
 
 // The group the sharded model communicates over: NCCL between GPUs when
-// this build has it and there is anyone to talk to; otherwise the world
-// group itself (MPI stages device tensors through host memory, and a
-// single process needs no communication at all).
-std::unique_ptr<ProcessGroup> device_group(ProcessGroup& world, Device device) {
-  if (device.is_cuda() && world.size() > 1 && nccl_available()) return make_nccl_group(world, device.index);
+// this build has it, there is anyone to talk to and every rank of this host
+// has a GPU of its own (NCCL refuses two ranks on one GPU); otherwise the
+// world group itself (MPI stages device tensors through host memory, which
+// lets tests run several ranks on one GPU; one process needs no communication).
+std::unique_ptr<ProcessGroup> device_group(ProcessGroup& world, Device device, int local_size) {
+  const bool own_gpu = device.is_cuda() && local_size <= cuda::device_count();
+  if (own_gpu && world.size() > 1 && nccl_available()) return make_nccl_group(world, device.index);
   return nullptr;
 }
 
@@ -113,7 +115,7 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   check_checkpoint_config(config, options.resume);
   const Device device = resolve_device(tc.device, options.local_rank);
   if (device.is_cuda()) cuda::set_device(device.index);
-  std::unique_ptr<ProcessGroup> gpu_group = device_group(world, device);
+  std::unique_ptr<ProcessGroup> gpu_group = device_group(world, device, local_size);
   ProcessGroup& fsdp_group = gpu_group ? *gpu_group : world;
   Allocator& allocator = allocator_for(device);
 
