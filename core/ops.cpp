@@ -4,6 +4,7 @@
 #include "core/ops.h"
 
 #include "core/cpu/ops_cpu.h"
+#include "core/cuda/ops_cuda.h"
 
 namespace st::ops {
 
@@ -50,10 +51,6 @@ void check_alias_ok(const char* op, const char* out_name, const Tensor& out, con
            in_name, in.str());
 }
 
-[[noreturn]] void no_cuda_kernel(const char* op, Device device) {
-  ST_FAIL("op {} has no CUDA kernel yet (operands on {}); run it on CPU tensors for now", op, device);
-}
-
 // A tensor of shape [..., X] as a row-major matrix [product of leading dims, X].
 struct MatrixShape {
   int64_t rows;
@@ -94,7 +91,10 @@ void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, const Te
   ST_CHECK(!overlaps(c, a) && !overlaps(c, b), "gemm: c ({}) overlaps an input (a {}, b {})", c.str(), a.str(),
            b.str());
 
-  if (!c.device().is_cpu()) no_cuda_kernel("gemm", c.device());
+  if (c.device().is_cuda()) {
+    cuda::gemm(a, ta, b, tb, c, m, n, k, alpha, beta);
+    return;
+  }
   cpu::gemm(a, ta, b, tb, c, m, n, k, alpha, beta);
 }
 
@@ -108,13 +108,19 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   check_same_numel("add", "a", a, "out", out);
   check_alias_ok("add", "out", out, "a", a);
   check_alias_ok("add", "out", out, "b", b);
-  if (!out.device().is_cpu()) no_cuda_kernel("add", out.device());
+  if (out.device().is_cuda()) {
+    cuda::add(a, b, out);
+    return;
+  }
   cpu::add(a, b, out);
 }
 
 void scale(const Tensor& x, float s) {
   check_float("scale", "x", x);
-  if (!x.device().is_cpu()) no_cuda_kernel("scale", x.device());
+  if (x.device().is_cuda()) {
+    cuda::scale(x, s);
+    return;
+  }
   cpu::scale(x, s);
 }
 
@@ -124,7 +130,10 @@ void axpy(float alpha, const Tensor& x, const Tensor& y) {
   check_same_device("axpy", "x", x, "y", y);
   check_same_numel("axpy", "x", x, "y", y);
   check_alias_ok("axpy", "y", y, "x", x);
-  if (!y.device().is_cpu()) no_cuda_kernel("axpy", y.device());
+  if (y.device().is_cuda()) {
+    cuda::axpy(alpha, x, y);
+    return;
+  }
   cpu::axpy(alpha, x, y);
 }
 
@@ -141,7 +150,10 @@ void cast(const Tensor& src, const Tensor& dst) {
   ST_CHECK(is_float(dst.dtype()), "cast: cannot convert {} to {} (dst must be F32 or BF16 unless dtypes match)",
            src.dtype(), dst.dtype());
   ST_CHECK(!overlaps(src, dst), "cast: dst ({}) overlaps src ({})", dst.str(), src.str());
-  if (!dst.device().is_cpu()) no_cuda_kernel("cast", dst.device());
+  if (dst.device().is_cuda()) {
+    cuda::cast(src, dst);
+    return;
+  }
   cpu::cast(src, dst);
 }
 
@@ -154,7 +166,7 @@ Tensor cast(const Tensor& src, DType dtype) {
 
 double sum_of_squares(const Tensor& x) {
   check_float("sum_of_squares", "x", x);
-  if (!x.device().is_cpu()) no_cuda_kernel("sum_of_squares", x.device());
+  if (x.device().is_cuda()) return cuda::sum_of_squares(x);
   return cpu::sum_of_squares(x);
 }
 
@@ -165,7 +177,10 @@ void fill(const Tensor& x, double value) {
     ST_CHECK(value > -2147483649.0 && value < 2147483648.0, "fill: value {} does not fit {} (tensor {})", value,
              x.dtype(), x.str());
   }
-  if (!x.device().is_cpu()) no_cuda_kernel("fill", x.device());
+  if (x.device().is_cuda()) {
+    cuda::fill(x, value);
+    return;
+  }
   cpu::fill(x, value);
 }
 

@@ -1,2 +1,288 @@
-// Placeholder: filled by the CUDA kernels work (see core/cuda/ops_cuda.h).
+// CUDA optimizer kernels of core/cuda/ops_cuda.h: fused AdamW, and the masked
+// sum of squares / scale that gradient clipping runs over a segment's ranges.
+//
+// Each kernel is one launch over a whole flat segment. The segment [0, n) is
+// cut into chunks of kChunk elements; a block takes chunks in a grid-stride
+// loop, finds the first range that reaches into its chunk by binary search in
+// the [R, 3] (offset, numel, decay) table, and walks the ranges that intersect
+// the chunk. Elements in no range are never read or written.
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "core/cuda/cuda_runtime.h"
 #include "core/cuda/ops_cuda.h"
+#include "core/cuda/stream.h"
+
+namespace st::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kThreads = 256;
+constexpr int64_t kChunk = 8 * kThreads;
+// Enough blocks to fill any current GPU; more chunks go round the grid-stride loop.
+constexpr int64_t kMaxBlocks = 1024;
+
+int blocks_for_chunks(int64_t n) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  return static_cast<int>(chunks < 1 ? 1 : (chunks > kMaxBlocks ? kMaxBlocks : chunks));
+}
+
+struct Range {
+  int64_t begin;
+  int64_t end;
+  bool decay;
+};
+
+__device__ __forceinline__ Range load_range(const int32_t* table, int r) {
+  const int64_t offset = table[3 * r];
+  return {offset, offset + table[3 * r + 1], table[3 * r + 2] != 0};
+}
+
+// Index of the first range ending after `pos` (num_ranges when none). Ranges
+// are sorted and disjoint, so their ends ascend. Every thread of a block asks
+// the same question, so the loads are broadcasts.
+__device__ int first_range_ending_after(const int32_t* table, int num_ranges, int64_t pos) {
+  int lo = 0;
+  int hi = num_ranges;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (static_cast<int64_t>(table[3 * mid]) + table[3 * mid + 1] > pos) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+// Calls body(i, decay) once for every element i < n that lies in a range.
+template <class Body>
+__device__ __forceinline__ void for_each_in_ranges(const int32_t* table, int num_ranges, int64_t n, Body& body) {
+  const int64_t num_chunks = (n + kChunk - 1) / kChunk;
+  for (int64_t chunk = blockIdx.x; chunk < num_chunks; chunk += gridDim.x) {
+    const int64_t lo = chunk * kChunk;
+    const int64_t hi = lo + kChunk < n ? lo + kChunk : n;
+    for (int r = first_range_ending_after(table, num_ranges, lo); r < num_ranges; ++r) {
+      const Range range = load_range(table, r);
+      if (range.begin >= hi) break;
+      const int64_t begin = range.begin > lo ? range.begin : lo;
+      const int64_t end = range.end < hi ? range.end : hi;
+      for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) body(i, range.decay);
+    }
+  }
+}
+
+// optim/adamw.cpp's adamw_kernel, statement for statement. The explicit
+// intrinsics pin every rounding: __fmaf_rn where the CPU calls std::fma, and
+// separately rounded products, sums, quotients and square roots elsewhere,
+// which nvcc may neither contract nor approximate.
+struct AdamWBody {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  AdamWScalars s;
+
+  __device__ __forceinline__ void operator()(int64_t i, bool decay) const {
+    const float gi = g[i];
+    const float decayed = __fmul_rn(p[i], decay ? s.decay : 1.0f);
+    const float m_scaled = __fmul_rn(s.beta1, m[i]);
+    const float mi = __fmaf_rn(gi, s.one_minus_beta1, m_scaled);
+    const float v_scaled = __fmul_rn(s.beta2, v[i]);
+    const float g_scaled = __fmul_rn(s.one_minus_beta2, gi);
+    const float vi = __fmaf_rn(g_scaled, gi, v_scaled);
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bias_correction2_sqrt), s.eps);
+    const float update = __fdiv_rn(__fmul_rn(s.neg_step_size, mi), denom);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = __fadd_rn(decayed, update);
+  }
+};
+
+__global__ void __launch_bounds__(kThreads)
+    adamw_kernel(AdamWBody body, const int32_t* table, int num_ranges, int64_t n) {
+  for_each_in_ranges(table, num_ranges, n, body);
+}
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+
+// core/dtype.h's f32_to_bf16_bits (round to nearest even; NaN keeps its sign
+// and payload, quietened), which __float2bfloat16_rn does not do for NaN.
+__device__ __forceinline__ bf16 f32_to_bf16(float f) {
+  const uint32_t u = __float_as_uint(f);
+  __nv_bfloat16_raw raw;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    raw.x = static_cast<unsigned short>((u >> 16) | 0x0040u);
+  } else {
+    raw.x = static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  return bf16(raw);
+}
+
+template <class T>
+struct ScaleBody {
+  T* x;
+  float s;
+  __device__ __forceinline__ void operator()(int64_t i, bool /*decay*/) const {
+    const float y = __fmul_rn(to_f32(x[i]), s);
+    if constexpr (std::is_same_v<T, float>) {
+      x[i] = y;
+    } else {
+      x[i] = f32_to_bf16(y);
+    }
+  }
+};
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    masked_scale_kernel(ScaleBody<T> body, const int32_t* table, int num_ranges, int64_t n) {
+  for_each_in_ranges(table, num_ranges, n, body);
+}
+
+// Sum over the block; the result is valid in thread 0. A fixed order for a
+// fixed launch shape, so the same input always gives the same bits.
+__device__ double block_sum(double v) {
+  __shared__ double warp_sums[kThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  v = 0.0;
+  if (warp == 0) {
+    if (lane < kThreads / 32) v = warp_sums[lane];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+template <class T>
+struct SquareSumBody {
+  const T* x;
+  double acc = 0.0;
+  __device__ __forceinline__ void operator()(int64_t i, bool /*decay*/) {
+    // An F32 square is exact in double (48 significant bits).
+    const double v = to_f32(x[i]);
+    acc += v * v;
+  }
+};
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    masked_sum_of_squares_kernel(const T* x, const int32_t* table, int num_ranges, int64_t n, double* partial) {
+  SquareSumBody<T> body{x};
+  for_each_in_ranges(table, num_ranges, n, body);
+  const double total = block_sum(body.acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+__global__ void __launch_bounds__(kThreads) sum_partials_kernel(const double* partial, int count, double* total) {
+  double acc = 0.0;
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads) acc += partial[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *total = acc;
+}
+
+// --- host side ------------------------------------------------------------------------
+
+// No dispatcher sits in front of these (the optimizer calls them directly),
+// so the checks that cost no device round trip live here. The table's
+// contents (sorted, disjoint, in bounds) are the caller's promise: reading
+// them would synchronise every step.
+void check_operand(const char* op, const char* name, const Tensor& t, const Tensor& like) {
+  ST_CHECK(t.defined(), "{}: {} is an undefined tensor", op, name);
+  ST_CHECK(t.device().is_cuda(), "{}: {} must be on a GPU, got {}", op, name, t.str());
+  ST_CHECK(t.device() == like.device(), "{}: {} ({}) is not on the device of {}", op, name, t.str(), like.str());
+  ST_CHECK(t.numel() == like.numel(), "{}: {} ({}) has {} elements, {} has {}", op, name, t.str(), t.numel(),
+           like.str(), like.numel());
+}
+
+int check_ranges(const char* op, const Tensor& ranges, const Tensor& x) {
+  ST_CHECK(ranges.defined(), "{}: ranges is an undefined tensor", op);
+  ST_CHECK(ranges.dtype() == DType::I32 && ranges.dim() == 2 && ranges.size(1) == 3,
+           "{}: ranges must be an I32 [R, 3] table of (offset, numel, decay), got {}", op, ranges.str());
+  ST_CHECK(ranges.device() == x.device(), "{}: ranges ({}) must be on the device of x ({})", op, ranges.str(), x.str());
+  return static_cast<int>(ranges.size(0));
+}
+
+template <class Fn>
+decltype(auto) visit_float(const char* op, const Tensor& x, Fn&& fn) {
+  switch (x.dtype()) {
+    case DType::F32: return fn(x.data<float>());
+    case DType::BF16: return fn(reinterpret_cast<bf16*>(x.data<BFloat16>()));
+    case DType::I32: break;
+  }
+  ST_FAIL("{}: x must be F32 or BF16, got {}", op, x.str());
+}
+
+}  // namespace
+
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const Tensor& ranges, const AdamWScalars& s) {
+  check_operand("adamw_step", "param", param, param);
+  check_operand("adamw_step", "grad", grad, param);
+  check_operand("adamw_step", "exp_avg", exp_avg, param);
+  check_operand("adamw_step", "exp_avg_sq", exp_avg_sq, param);
+  const int num_ranges = check_ranges("adamw_step", ranges, param);
+  const int64_t n = param.numel();
+  if (n == 0 || num_ranges == 0) return;
+  const int device = param.device().index;
+  DeviceGuard guard(device);
+  // data<float>() rejects a non-F32 operand with its dtype in the message.
+  AdamWBody body{param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(), s};
+  adamw_kernel<<<blocks_for_chunks(n), kThreads, 0, compute_stream(device)>>>(body, ranges.data<int32_t>(), num_ranges,
+                                                                              n);
+  CUDA_CHECK_LAUNCH();
+}
+
+double masked_sum_of_squares(const Tensor& x, const Tensor& ranges) {
+  check_operand("masked_sum_of_squares", "x", x, x);
+  const int num_ranges = check_ranges("masked_sum_of_squares", ranges, x);
+  const int64_t n = x.numel();
+  if (n == 0 || num_ranges == 0) return 0.0;
+  const int device = x.device().index;
+  DeviceGuard guard(device);
+  cudaStream_t stream = compute_stream(device);
+  const int blocks = blocks_for_chunks(n);
+  // Partials and total as doubles in an F32 tensor (there is no F64 dtype);
+  // allocator blocks are aligned far beyond 8 bytes.
+  Tensor scratch = Tensor::empty({2 * (blocks + 1)}, DType::F32, x.device());
+  auto* partial = static_cast<double*>(scratch.raw_data());
+  double* total = partial + blocks;
+  visit_float("masked_sum_of_squares", x, [&](auto* px) {
+    masked_sum_of_squares_kernel<<<blocks, kThreads, 0, stream>>>(px, ranges.data<int32_t>(), num_ranges, n, partial);
+    CUDA_CHECK_LAUNCH();
+  });
+  sum_partials_kernel<<<1, kThreads, 0, stream>>>(partial, blocks, total);
+  CUDA_CHECK_LAUNCH();
+  double result = 0.0;
+  // Ordered on the compute stream and waits for it.
+  copy_bytes(&result, Device::cpu(), total, x.device(), sizeof(double));
+  return result;
+}
+
+void masked_scale(const Tensor& x, const Tensor& ranges, float s) {
+  check_operand("masked_scale", "x", x, x);
+  const int num_ranges = check_ranges("masked_scale", ranges, x);
+  const int64_t n = x.numel();
+  if (n == 0 || num_ranges == 0) return;
+  const int device = x.device().index;
+  DeviceGuard guard(device);
+  cudaStream_t stream = compute_stream(device);
+  visit_float("masked_scale", x, [&](auto* px) {
+    using T = std::remove_pointer_t<decltype(px)>;
+    masked_scale_kernel<<<blocks_for_chunks(n), kThreads, 0, stream>>>(ScaleBody<T>{px, s}, ranges.data<int32_t>(),
+                                                                       num_ranges, n);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace st::cuda
