@@ -2,11 +2,13 @@
 // (dtypes, shapes, devices, aliasing), so the backends can assume well-formed
 // operands; then the op goes to the backend of the tensors' device. Checks
 // that need the tensors' contents (token and target ranges) are the
-// backend's, since only it can read them cheaply.
+// backend's, since only it can read them cheaply; both backends raise the
+// same message for them.
 #include <cmath>
 #include <initializer_list>
 
 #include "core/cpu/nn_cpu.h"
+#include "core/cuda/ops_cuda.h"
 #include "core/ops.h"
 
 namespace st::ops {
@@ -95,10 +97,6 @@ void check_alias_ok(const char* op, const Arg& out, const Arg& in) {
            in.name, in.t.str());
 }
 
-void require_cpu(const char* op, Device device) {
-  ST_CHECK(device.is_cpu(), "op {} has no CUDA kernel yet (operands on {}); run it on CPU tensors for now", op, device);
-}
-
 // Last dimension of a tensor holding rows of width D; at least one dim.
 int64_t row_width(const char* op, const Arg& a) {
   ST_CHECK(a.t.dim() >= 1, "{}: {} must have at least one dimension, got shape {}", op, a.name, shape_str(a.t.shape()));
@@ -123,8 +121,11 @@ void embedding_forward(const Tensor& tokens, const Tensor& weight, const Tensor&
            shape_str(out.shape()), shape_str(tokens.shape()), shape_str(weight.shape()), d, tokens.numel());
   check_no_overlap(op, a_out, a_w);
   check_no_overlap(op, a_out, a_tok);
-  require_cpu(op, check_devices(op, {a_tok, a_w, a_out}));
-  cpu::embedding_forward(tokens, weight, out);
+  if (check_devices(op, {a_tok, a_w, a_out}).is_cpu()) {
+    cpu::embedding_forward(tokens, weight, out);
+  } else {
+    st::cuda::embedding_forward(tokens, weight, out);
+  }
 }
 
 void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dweight) {
@@ -141,8 +142,11 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& 
            shape_str(dout.shape()), shape_str(tokens.shape()), shape_str(dweight.shape()), d, tokens.numel());
   check_no_overlap(op, a_dw, a_dout);
   check_no_overlap(op, a_dw, a_tok);
-  require_cpu(op, check_devices(op, {a_tok, a_dout, a_dw}));
-  cpu::embedding_backward(tokens, dout, dweight);
+  if (check_devices(op, {a_tok, a_dout, a_dw}).is_cpu()) {
+    cpu::embedding_backward(tokens, dout, dweight);
+  } else {
+    st::cuda::embedding_backward(tokens, dout, dweight);
+  }
 }
 
 // ---------------------------------------------------------------- RMSNorm
@@ -177,8 +181,11 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Ten
   check_no_overlap(op, a_rstd, a_x);
   check_no_overlap(op, a_rstd, a_w);
   check_no_overlap(op, a_rstd, a_out);
-  require_cpu(op, check_devices(op, {a_x, a_w, a_out, a_rstd}));
-  cpu::rmsnorm_forward(x, weight, eps, out, rstd);
+  if (check_devices(op, {a_x, a_w, a_out, a_rstd}).is_cpu()) {
+    cpu::rmsnorm_forward(x, weight, eps, out, rstd);
+  } else {
+    st::cuda::rmsnorm_forward(x, weight, eps, out, rstd);
+  }
 }
 
 void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
@@ -198,8 +205,11 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
   check_no_overlap(op, a_dx, a_w);
   check_no_overlap(op, a_dx, a_rstd);
   for (const Arg& in : {a_dout, a_x, a_w, a_rstd, a_dx}) check_no_overlap(op, a_dw, in);
-  require_cpu(op, check_devices(op, {a_dout, a_x, a_w, a_rstd, a_dx, a_dw}));
-  cpu::rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
+  if (check_devices(op, {a_dout, a_x, a_w, a_rstd, a_dx, a_dw}).is_cpu()) {
+    cpu::rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
+  } else {
+    st::cuda::rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
+  }
 }
 
 // ---------------------------------------------------------------- RoPE
@@ -217,15 +227,19 @@ void rope_tables(int64_t seq_len, int64_t head_dim, double theta, const Tensor& 
            "rope_tables: cos has shape {} and sin has shape {}; both must be [seq_len, head_dim] = {}",
            shape_str(cos.shape()), shape_str(sin.shape()), shape_str(expected));
   check_no_overlap(op, a_cos, a_sin);
-  require_cpu(op, check_devices(op, {a_cos, a_sin}));
-  cpu::rope_tables(seq_len, head_dim, theta, cos, sin);
+  if (check_devices(op, {a_cos, a_sin}).is_cpu()) {
+    cpu::rope_tables(seq_len, head_dim, theta, cos, sin);
+  } else {
+    st::cuda::rope_tables(seq_len, head_dim, theta, cos, sin);
+  }
 }
 
 namespace {
 
 // x [B, T, heads, hd] with hd even; cos, sin F32 [T', hd] with T' >= T (tables
 // built for the longest sequence serve every shorter one: row t is position t).
-void check_rope(const char* op, const Arg& x, const Arg& cos, const Arg& sin) {
+// Returns the operands' device.
+Device check_rope(const char* op, const Arg& x, const Arg& cos, const Arg& sin) {
   check_float(op, x);
   check_dtype(op, cos, DType::F32, "rotary table");
   check_dtype(op, sin, DType::F32, "rotary table");
@@ -238,19 +252,25 @@ void check_rope(const char* op, const Arg& x, const Arg& cos, const Arg& sin) {
            op, shape_str(cos.t.shape()), shape_str(sin.t.shape()), x.name, shape_str(x.t.shape()), hd, seq);
   check_no_overlap(op, x, cos);
   check_no_overlap(op, x, sin);
-  require_cpu(op, check_devices(op, {x, cos, sin}));
+  return check_devices(op, {x, cos, sin});
 }
 
 }  // namespace
 
 void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-  check_rope("rope_forward", {"x", x}, {"cos", cos}, {"sin", sin});
-  cpu::rope_forward(x, cos, sin);
+  if (check_rope("rope_forward", {"x", x}, {"cos", cos}, {"sin", sin}).is_cpu()) {
+    cpu::rope_forward(x, cos, sin);
+  } else {
+    st::cuda::rope_forward(x, cos, sin);
+  }
 }
 
 void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin) {
-  check_rope("rope_backward", {"dx", dx}, {"cos", cos}, {"sin", sin});
-  cpu::rope_backward(dx, cos, sin);
+  if (check_rope("rope_backward", {"dx", dx}, {"cos", cos}, {"sin", sin}).is_cpu()) {
+    cpu::rope_backward(dx, cos, sin);
+  } else {
+    st::cuda::rope_backward(dx, cos, sin);
+  }
 }
 
 // ---------------------------------------------------------------- attention
@@ -292,8 +312,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     check_no_overlap(op, a_lse, in);
   }
   check_no_overlap(op, a_lse, a_out);
-  require_cpu(op, check_devices(op, {a_q, a_k, a_v, a_out, a_lse}));
-  cpu::attention_forward(q, k, v, out, lse);
+  if (check_devices(op, {a_q, a_k, a_v, a_out, a_lse}).is_cpu()) {
+    cpu::attention_forward(q, k, v, out, lse);
+  } else {
+    st::cuda::attention_forward(q, k, v, out, lse);
+  }
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -314,8 +337,11 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   check_no_overlap(op, a_dq, a_dk);
   check_no_overlap(op, a_dq, a_dv);
   check_no_overlap(op, a_dk, a_dv);
-  require_cpu(op, check_devices(op, {a_dout, a_q, a_k, a_v, a_out, a_lse, a_dq, a_dk, a_dv}));
-  cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
+  if (check_devices(op, {a_dout, a_q, a_k, a_v, a_out, a_lse, a_dq, a_dk, a_dv}).is_cpu()) {
+    cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
+  } else {
+    st::cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
+  }
 }
 
 // ---------------------------------------------------------------- SwiGLU, ReLU
@@ -328,8 +354,11 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
   check_same_numel(op, a_out, a_gate);
   check_alias_ok(op, a_out, a_gate);
   check_alias_ok(op, a_out, a_up);
-  require_cpu(op, check_devices(op, {a_gate, a_up, a_out}));
-  cpu::swiglu_forward(gate, up, out);
+  if (check_devices(op, {a_gate, a_up, a_out}).is_cpu()) {
+    cpu::swiglu_forward(gate, up, out);
+  } else {
+    st::cuda::swiglu_forward(gate, up, out);
+  }
 }
 
 void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate, const Tensor& dup) {
@@ -342,8 +371,11 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, c
     check_alias_ok(op, a_dup, in);
   }
   check_no_overlap(op, a_dgate, a_dup);
-  require_cpu(op, check_devices(op, {a_dout, a_gate, a_up, a_dgate, a_dup}));
-  cpu::swiglu_backward(dout, gate, up, dgate, dup);
+  if (check_devices(op, {a_dout, a_gate, a_up, a_dgate, a_dup}).is_cpu()) {
+    cpu::swiglu_backward(dout, gate, up, dgate, dup);
+  } else {
+    st::cuda::swiglu_backward(dout, gate, up, dgate, dup);
+  }
 }
 
 void relu_forward(const Tensor& x, const Tensor& out) {
@@ -353,8 +385,11 @@ void relu_forward(const Tensor& x, const Tensor& out) {
   check_float(op, a_out);
   check_same_numel(op, a_out, a_x);
   check_alias_ok(op, a_out, a_x);
-  require_cpu(op, check_devices(op, {a_x, a_out}));
-  cpu::relu_forward(x, out);
+  if (check_devices(op, {a_x, a_out}).is_cpu()) {
+    cpu::relu_forward(x, out);
+  } else {
+    st::cuda::relu_forward(x, out);
+  }
 }
 
 void relu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx) {
@@ -365,8 +400,11 @@ void relu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx) {
   check_same_numel(op, a_dx, a_x);
   check_alias_ok(op, a_dx, a_dout);
   check_alias_ok(op, a_dx, a_x);
-  require_cpu(op, check_devices(op, {a_dout, a_x, a_dx}));
-  cpu::relu_backward(dout, x, dx);
+  if (check_devices(op, {a_dout, a_x, a_dx}).is_cpu()) {
+    cpu::relu_backward(dout, x, dx);
+  } else {
+    st::cuda::relu_backward(dout, x, dx);
+  }
 }
 
 // ---------------------------------------------------------------- losses
@@ -389,8 +427,10 @@ LossSum cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignor
   ST_CHECK(std::isfinite(grad_scale), "cross_entropy: grad_scale must be finite, got {}", grad_scale);
   check_alias_ok(op, a_dl, a_logits);
   check_no_overlap(op, a_dl, a_tgt);
-  require_cpu(op, check_devices(op, {a_logits, a_tgt, a_dl}));
-  return cpu::cross_entropy(logits, targets, ignore_index, grad_scale, dlogits);
+  if (check_devices(op, {a_logits, a_tgt, a_dl}).is_cpu()) {
+    return cpu::cross_entropy(logits, targets, ignore_index, grad_scale, dlogits);
+  }
+  return st::cuda::cross_entropy(logits, targets, ignore_index, grad_scale, dlogits);
 }
 
 LossSum mse(const Tensor& pred, const Tensor& target, float grad_scale, const Tensor& dpred) {
@@ -402,8 +442,10 @@ LossSum mse(const Tensor& pred, const Tensor& target, float grad_scale, const Te
   ST_CHECK(std::isfinite(grad_scale), "mse: grad_scale must be finite, got {}", grad_scale);
   check_alias_ok(op, a_dp, a_pred);
   check_alias_ok(op, a_dp, a_tgt);
-  require_cpu(op, check_devices(op, {a_pred, a_tgt, a_dp}));
-  return cpu::mse(pred, target, grad_scale, dpred);
+  if (check_devices(op, {a_pred, a_tgt, a_dp}).is_cpu()) {
+    return cpu::mse(pred, target, grad_scale, dpred);
+  }
+  return st::cuda::mse(pred, target, grad_scale, dpred);
 }
 
 }  // namespace st::ops

@@ -1,2 +1,379 @@
-// Placeholder: filled by the CUDA kernels work (see core/cuda/ops_cuda.h).
+// Causal grouped-query attention on the GPU (core/ops.h), the CPU backend's
+// algorithm (core/cpu/nn_cpu.cpp) with cuBLAS for the products:
+//  - per query head h (K/V head g = h / (H / KV)), batched over b: scores
+//    S = Q K^T into an F32 [B, T, T] scratch, a causal softmax kernel that
+//    writes lse and turns S into P = exp(scale * S - lse) in place, then
+//    O = P V. Scratch is one head's [B, T, T], so memory stays bounded.
+//  - backward recomputes P from q, k and lse exactly as the forward formed it,
+//    then dV += P^T dO, dP = dO V^T, dS = scale * P o (dP - rowsum(dO o O)),
+//    dQ = dS K, dK += dS^T Q. dK and dV sum over the query heads of a group in
+//    ascending order in F32 and are rounded once.
+//  - every product is F32 x F32 with F32 accumulation (CUBLAS_COMPUTE_32F, no
+//    TF32): BF16 operands are widened into F32 copies first and BF16 outputs
+//    are rounded once from F32 results, as on the CPU.
+// cuBLAS is column-major: a row-major [rows, cols] matrix with row stride ld
+// is, to cuBLAS, its transpose ([cols, rows], leading dimension ld). A head's
+// rows of q [B, T, H, hd] are such a matrix: T rows of hd, stride H*hd.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/cuda/cublas_util.h"
+#include "core/cuda/cuda_runtime.h"
 #include "core/cuda/ops_cuda.h"
+#include "core/cuda/stream.h"
+
+namespace st::cuda {
+
+namespace {
+
+// ---------------------------------------------------------------- cuBLAS handle
+
+// One cuBLAS handle per GPU, bound to that GPU's compute stream for good.
+class CublasHandle {
+ public:
+  explicit CublasHandle(int device) {
+    DeviceGuard guard(device);
+    CUBLAS_CHECK(cublasCreate(&handle_));
+    CUBLAS_CHECK(cublasSetStream(handle_, compute_stream(device)));
+  }
+  ~CublasHandle() {
+    // Cannot throw here; a failure only means the context is already gone.
+    if (handle_ != nullptr) (void)cublasDestroy(handle_);
+  }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+// Created on first use, one per GPU for the process like the compute stream.
+cublasHandle_t cublas_handle(int device) {
+  struct Slot {
+    std::once_flag once;
+    std::unique_ptr<CublasHandle> handle;
+  };
+  static std::vector<Slot> slots(static_cast<size_t>(device_count()));
+  ST_CHECK(device >= 0 && static_cast<size_t>(device) < slots.size(),
+           "cuda:{} requested, but only {} CUDA GPU(s) are visible", device, slots.size());
+  Slot& slot = slots[static_cast<size_t>(device)];
+  std::call_once(slot.once, [&] { slot.handle = std::make_unique<CublasHandle>(device); });
+  return slot.handle->get();
+}
+
+// One operand of a strided batched product: a matrix per batch entry.
+struct Mat {
+  const float* ptr;
+  int64_t ld;      // leading dimension as cuBLAS sees it (the row-major row stride)
+  int64_t stride;  // elements between batch entries
+};
+
+// C = alpha * op(A) op(B) + beta * C for each of `batch` entries, all F32
+// with F32 accumulation; m, n, k and the operations in cuBLAS's column-major terms.
+void gemm_f32(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
+              const Mat& a, const Mat& b, float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, op_a, op_b, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a.ptr, CUDA_R_32F,
+      static_cast<int>(a.ld), a.stride, b.ptr, CUDA_R_32F, static_cast<int>(b.ld), b.stride, &beta, c, CUDA_R_32F,
+      static_cast<int>(ldc), stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// ---------------------------------------------------------------- element access
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t bits) {
+  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+}
+
+// Same rounding as st::f32_to_bf16_bits (core/dtype.h), NaN handling included.
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  const uint32_t lsb = (u >> 16) & 1u;
+  return static_cast<uint16_t>((u + 0x7fffu + lsb) >> 16);
+}
+
+__device__ __forceinline__ float load(const void* p, DType dtype, int64_t i) {
+  return dtype == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 65536;
+
+int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks)); }
+
+__global__ void widen_kernel(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = bf16_to_f32(src[i]);
+}
+
+__global__ void round_kernel(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = f32_to_bf16(src[i]);
+}
+
+// x as F32 values: x itself when it is F32, else a widened copy.
+Tensor as_f32(const Tensor& x, cudaStream_t stream) {
+  if (x.dtype() == DType::F32) return x;
+  Tensor f = Tensor::empty(x.shape(), DType::F32, x.device());
+  widen_kernel<<<blocks_for(x.numel()), kThreads, 0, stream>>>(static_cast<const uint16_t*>(x.raw_data()),
+                                                               f.data<float>(), x.numel());
+  CUDA_CHECK_LAUNCH();
+  return f;
+}
+
+// Where an F32 result for `out` is formed: out itself when F32, else scratch
+// that store_result() rounds into out.
+Tensor f32_result(const Tensor& out) {
+  return out.dtype() == DType::F32 ? out : Tensor::empty(out.shape(), DType::F32, out.device());
+}
+
+void store_result(const Tensor& result, const Tensor& out, cudaStream_t stream) {
+  if (out.dtype() == DType::F32) return;  // result is out
+  round_kernel<<<blocks_for(out.numel()), kThreads, 0, stream>>>(result.data<float>(),
+                                                                 static_cast<uint16_t*>(out.raw_data()), out.numel());
+  CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- reductions
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+struct Sum {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// Every thread of the block gets the result; a fixed tree, so reproducible.
+template <class Op>
+__device__ float block_reduce(float v, Op op, float identity) {
+  __shared__ float partial[32];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  v = warp_reduce(v, op);
+  __syncthreads();  // a previous call's readers are done with `partial`
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = static_cast<int>((blockDim.x + 31) / 32);
+  return warp_reduce(lane < warps ? partial[lane] : identity, op);
+}
+
+// ---------------------------------------------------------------- softmax kernels
+
+// exp(scale * s - lse), the one formula for P in forward and backward, with
+// the product rounded on its own as the CPU does (no FMA), so both passes,
+// and the CPU, form the same probabilities.
+__device__ __forceinline__ float prob(float s, float scale, float lse) {
+  return expf(__fsub_rn(__fmul_rn(s, scale), lse));
+}
+
+// Block (t, b): row t of batch b's scores [T, T] for head `head`. Writes
+// lse[b, head, t] and replaces the row with the causal probabilities (0 above
+// the diagonal). Each thread reads only the elements it writes after the
+// reductions, so the row is turned over in place.
+__global__ void causal_softmax_kernel(float* scores, float* lse, int64_t seq, int64_t heads, int64_t head,
+                                      float scale) {
+  const int64_t t = blockIdx.x;
+  const int64_t b = blockIdx.y;
+  float* row = scores + (b * seq + t) * seq;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, __fmul_rn(row[j], scale));
+  m = block_reduce(m, Max{}, -INFINITY);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) sum += expf(__fsub_rn(__fmul_rn(row[j], scale), m));
+  sum = block_reduce(sum, Sum{}, 0.0f);
+  const float row_lse = m + logf(sum);
+  if (threadIdx.x == 0) lse[(b * heads + head) * seq + t] = row_lse;
+  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) row[j] = j <= t ? prob(row[j], scale, row_lse) : 0.0f;
+}
+
+// Block (t, b): the same probabilities from the saved lse, in place.
+__global__ void probs_from_lse_kernel(float* scores, const float* lse, int64_t seq, int64_t heads, int64_t head,
+                                      float scale) {
+  const int64_t t = blockIdx.x;
+  const int64_t b = blockIdx.y;
+  float* row = scores + (b * seq + t) * seq;
+  const float row_lse = lse[(b * heads + head) * seq + t];
+  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) row[j] = j <= t ? prob(row[j], scale, row_lse) : 0.0f;
+}
+
+// One warp per row (b, t, h) of out/dout [B*T*H, hd]: delta = sum(dO o O),
+// from the output as stored.
+__global__ void delta_kernel(const void* dout, DType dout_dtype, const void* out, DType out_dtype, float* delta,
+                             int64_t rows, int64_t hd) {
+  const int64_t warps_per_block = blockDim.x / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (int64_t r = blockIdx.x * warps_per_block + threadIdx.x / 32; r < rows; r += gridDim.x * warps_per_block) {
+    float acc = 0.0f;
+    for (int64_t i = lane; i < hd; i += 32)
+      acc += load(dout, dout_dtype, r * hd + i) * load(out, out_dtype, r * hd + i);
+    acc = warp_reduce(acc, Sum{});
+    if (lane == 0) delta[r] = acc;
+  }
+}
+
+// Block (t, b): dS = scale * P o (dP - delta) on and below the diagonal, 0
+// above, written over dP. delta is [B, T, H].
+__global__ void dscores_kernel(const float* probs, float* dscores, const float* delta, int64_t seq, int64_t heads,
+                               int64_t head, float scale) {
+  const int64_t t = blockIdx.x;
+  const int64_t b = blockIdx.y;
+  const float* p = probs + (b * seq + t) * seq;
+  float* ds = dscores + (b * seq + t) * seq;
+  const float d = delta[(b * seq + t) * heads + head];
+  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) ds[j] = j <= t ? __fmul_rn(scale, p[j]) * (ds[j] - d) : 0.0f;
+}
+
+struct Dims {
+  int64_t batch, seq, heads, kv_heads, hd, group;
+  float scale;
+};
+
+Dims dims_of(const Tensor& q, const Tensor& k) {
+  Dims d{};
+  d.batch = q.size(0);
+  d.seq = q.size(1);
+  d.heads = q.size(2);
+  d.hd = q.size(3);
+  d.kv_heads = k.size(2);
+  d.group = d.kv_heads > 0 ? d.heads / d.kv_heads : 1;
+  d.scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
+  const int64_t int_max = std::numeric_limits<int>::max();
+  ST_CHECK(d.seq <= int_max && d.heads * d.hd <= int_max && d.batch <= int_max && d.batch <= 65535,
+           "attention: q has shape {}; the CUDA kernels take B <= 65535 and T, H * head_dim below 2^31",
+           shape_str(q.shape()));
+  return d;
+}
+
+// The operands of head h (K/V head g) as cuBLAS matrices, batched over b.
+struct HeadMats {
+  const Dims& d;
+  Mat q_head(const Tensor& q, int64_t h) const {
+    return {q.data<float>() + h * d.hd, d.heads * d.hd, d.seq * d.heads * d.hd};
+  }
+  Mat kv_head(const Tensor& k, int64_t g) const {
+    return {k.data<float>() + g * d.hd, d.kv_heads * d.hd, d.seq * d.kv_heads * d.hd};
+  }
+  Mat square(const Tensor& s) const { return {s.data<float>(), d.seq, d.seq * d.seq}; }
+};
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+  if (q.numel() == 0) return;  // lse is empty too
+  const Dims d = dims_of(q, k);
+  const int device = q.device().index;
+  DeviceGuard guard(device);
+  cudaStream_t stream = compute_stream(device);
+  cublasHandle_t handle = cublas_handle(device);
+  const HeadMats mats{d};
+
+  const Tensor qf = as_f32(q, stream);                                                   // (B, T, H, hd)
+  const Tensor kf = as_f32(k, stream);                                                   // (B, T, KV, hd)
+  const Tensor vf = as_f32(v, stream);                                                   // (B, T, KV, hd)
+  const Tensor of = f32_result(out);                                                     // (B, T, H, hd)
+  const Tensor scores = Tensor::empty({d.batch, d.seq, d.seq}, DType::F32, q.device());  // (B, T, T) one head
+  const dim3 rows(static_cast<unsigned>(d.seq), static_cast<unsigned>(d.batch));
+
+  for (int64_t h = 0; h < d.heads; ++h) {
+    const int64_t g = h / d.group;
+    // S^T = K Q^T in cuBLAS's terms is S = Q K^T row-major: raw scores q_t . k_s.
+    gemm_f32(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.seq, d.seq, d.hd, mats.kv_head(kf, g), mats.q_head(qf, h), 0.0f,
+             scores.data<float>(), d.seq, d.seq * d.seq, d.batch);
+    causal_softmax_kernel<<<rows, kThreads, 0, stream>>>(scores.data<float>(), lse.data<float>(), d.seq, d.heads, h,
+                                                         d.scale);
+    CUDA_CHECK_LAUNCH();
+    // O^T = V^T P^T, i.e. O = P V row-major, into head h of the output.
+    gemm_f32(handle, CUBLAS_OP_N, CUBLAS_OP_N, d.hd, d.seq, d.seq, mats.kv_head(vf, g), mats.square(scores), 0.0f,
+             of.data<float>() + h * d.hd, d.heads * d.hd, d.seq * d.heads * d.hd, d.batch);
+  }
+  store_result(of, out, stream);
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const int device = q.device().index;
+  DeviceGuard guard(device);
+  cudaStream_t stream = compute_stream(device);
+  if (q.numel() == 0) {
+    // No query contributes (H or B or T is 0): dk and dv are written as 0.
+    CUDA_CHECK(cudaMemsetAsync(dk.raw_data(), 0, dk.nbytes(), stream));
+    CUDA_CHECK(cudaMemsetAsync(dv.raw_data(), 0, dv.nbytes(), stream));
+    return;
+  }
+  const Dims d = dims_of(q, k);
+  cublasHandle_t handle = cublas_handle(device);
+  const HeadMats mats{d};
+
+  const Tensor qf = as_f32(q, stream);      // (B, T, H, hd)
+  const Tensor kf = as_f32(k, stream);      // (B, T, KV, hd)
+  const Tensor vf = as_f32(v, stream);      // (B, T, KV, hd)
+  const Tensor dof = as_f32(dout, stream);  // (B, T, H, hd)
+  const Tensor dqf = f32_result(dq);        // (B, T, H, hd)
+  const Tensor dkf = f32_result(dk);        // (B, T, KV, hd) summed over each group's query heads
+  const Tensor dvf = f32_result(dv);        // (B, T, KV, hd) summed over each group's query heads
+  CUDA_CHECK(cudaMemsetAsync(dkf.raw_data(), 0, dkf.nbytes(), stream));
+  CUDA_CHECK(cudaMemsetAsync(dvf.raw_data(), 0, dvf.nbytes(), stream));
+  const Tensor probs = Tensor::empty({d.batch, d.seq, d.seq}, DType::F32, q.device());    // (B, T, T) P, one head
+  const Tensor dscores = Tensor::empty({d.batch, d.seq, d.seq}, DType::F32, q.device());  // (B, T, T) dP, then dS
+  const Tensor delta = Tensor::empty({d.batch, d.seq, d.heads}, DType::F32, q.device());  // (B, T, H)
+  const int64_t delta_rows = d.batch * d.seq * d.heads;
+  constexpr int64_t kWarpsPerBlock = kThreads / 32;
+  delta_kernel<<<static_cast<int>(std::min<int64_t>((delta_rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks)),
+                 kThreads, 0, stream>>>(dout.raw_data(), dout.dtype(), out.raw_data(), out.dtype(), delta.data<float>(),
+                                        delta_rows, d.hd);
+  CUDA_CHECK_LAUNCH();
+  const dim3 rows(static_cast<unsigned>(d.seq), static_cast<unsigned>(d.batch));
+  const int64_t q_ld = d.heads * d.hd;
+  const int64_t q_stride = d.seq * d.heads * d.hd;
+  const int64_t kv_ld = d.kv_heads * d.hd;
+  const int64_t kv_stride = d.seq * d.kv_heads * d.hd;
+  const int64_t tt = d.seq * d.seq;
+
+  // Query heads in ascending order: a fixed summation order for dk, dv.
+  for (int64_t h = 0; h < d.heads; ++h) {
+    const int64_t g = h / d.group;
+    gemm_f32(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.seq, d.seq, d.hd, mats.kv_head(kf, g), mats.q_head(qf, h), 0.0f,
+             probs.data<float>(), d.seq, tt, d.batch);
+    probs_from_lse_kernel<<<rows, kThreads, 0, stream>>>(probs.data<float>(), lse.data<float>(), d.seq, d.heads, h,
+                                                         d.scale);
+    CUDA_CHECK_LAUNCH();
+    // dV^T += dO^T P, i.e. dV += P^T dO.
+    gemm_f32(handle, CUBLAS_OP_N, CUBLAS_OP_T, d.hd, d.seq, d.seq, mats.q_head(dof, h), mats.square(probs), 1.0f,
+             dvf.data<float>() + g * d.hd, kv_ld, kv_stride, d.batch);
+    // dP^T = V dO^T, i.e. dP = dO V^T.
+    gemm_f32(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.seq, d.seq, d.hd, mats.kv_head(vf, g), mats.q_head(dof, h), 0.0f,
+             dscores.data<float>(), d.seq, tt, d.batch);
+    dscores_kernel<<<rows, kThreads, 0, stream>>>(probs.data<float>(), dscores.data<float>(), delta.data<float>(),
+                                                  d.seq, d.heads, h, d.scale);
+    CUDA_CHECK_LAUNCH();
+    // dQ^T = K^T dS^T, i.e. dQ = dS K (the scale is already in dS).
+    gemm_f32(handle, CUBLAS_OP_N, CUBLAS_OP_N, d.hd, d.seq, d.seq, mats.kv_head(kf, g), mats.square(dscores), 0.0f,
+             dqf.data<float>() + h * d.hd, q_ld, q_stride, d.batch);
+    // dK^T += Q^T dS, i.e. dK += dS^T Q.
+    gemm_f32(handle, CUBLAS_OP_N, CUBLAS_OP_T, d.hd, d.seq, d.seq, mats.q_head(qf, h), mats.square(dscores), 1.0f,
+             dkf.data<float>() + g * d.hd, kv_ld, kv_stride, d.batch);
+  }
+  store_result(dqf, dq, stream);
+  store_result(dkf, dk, stream);
+  store_result(dvf, dv, stream);
+}
+
+}  // namespace st::cuda

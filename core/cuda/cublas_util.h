@@ -1,0 +1,26 @@
+#pragma once
+// CUBLAS_CHECK wraps every cuBLAS call in core/cuda/: a failing call throws
+// st::Error naming the call and cuBLAS's own name and text for the status.
+// CUDA builds only (needs the cuBLAS headers).
+#include <cublas_v2.h>
+
+#include "core/error.h"
+
+namespace st::cuda::detail {
+
+/// Throws st::Error for a failed cuBLAS call.
+[[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
+  ::st::detail::throw_error(file, line,
+                            ::st::format("cuBLAS call failed: {}: {} ({})", call, cublasGetStatusName(status),
+                                         cublasGetStatusString(status)));
+}
+
+}  // namespace st::cuda::detail
+
+/// Wraps a cuBLAS call; anything but CUBLAS_STATUS_SUCCESS throws st::Error.
+#define CUBLAS_CHECK(call)                                                                  \
+  do {                                                                                      \
+    cublasStatus_t st_cublas_status_ = (call);                                              \
+    if (st_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                            \
+      ::st::cuda::detail::throw_cublas_error(st_cublas_status_, #call, __FILE__, __LINE__); \
+  } while (0)
