@@ -31,9 +31,11 @@ std::string grouped(double v) {
 }  // namespace
 
 std::string format_step_line(const StepMetrics& m) {
-  return format("step {}/{} | loss {:.4f} | lr {:.2e} | grad_norm {:.3f} | {} tok/s | elapsed {} | eta {}", m.step,
-                m.total_steps, m.loss, m.lr, m.grad_norm, grouped(m.tokens_per_s), seconds_str(m.elapsed_s),
-                seconds_str(m.eta_s));
+  std::string line = format("step {}/{} | loss {:.4f} | lr {:.2e} | grad_norm {:.3f} | {} tok/s | elapsed {} | eta {}",
+                            m.step, m.total_steps, m.loss, m.lr, m.grad_norm, grouped(m.tokens_per_s),
+                            seconds_str(m.elapsed_s), seconds_str(m.eta_s));
+  if (m.mfu >= 0) line += format(" | mfu {:.1f}% | peak {:.2f} GB", 100.0 * m.mfu, m.peak_bytes / 1e9);
+  return line;
 }
 
 std::string format_step_json(const StepMetrics& m) {
@@ -44,6 +46,7 @@ std::string format_step_json(const StepMetrics& m) {
                       {"tokens_per_s", m.tokens_per_s},
                       {"elapsed_s", m.elapsed_s},
                       {"peak_bytes", m.peak_bytes}};
+  if (m.mfu >= 0) j["mfu"] = m.mfu;
   return j.dump();
 }
 

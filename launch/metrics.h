@@ -16,12 +16,15 @@ struct StepMetrics {
   double tokens_per_s = 0;  // all ranks together, over this step
   double elapsed_s = 0;     // since the first step began
   double eta_s = 0;         // estimated seconds to the end of the run
-  int64_t peak_bytes = 0;   // peak allocator bytes on this rank during the step
+  int64_t peak_bytes = 0;   // peak allocator bytes on this rank's device during the step
+  double mfu = -1;          // model FLOPs utilisation of one device in [0, 1]; < 0 when unknown (CPU, unknown GPU)
 };
 
-/// "step 5/20 | loss 5.1234 | lr 3.00e-04 | grad_norm 1.234 | 12,345 tok/s | elapsed 1.2s | eta 3.4s".
+/// "step 5/20 | loss 5.1234 | lr 3.00e-04 | grad_norm 1.234 | 12,345 tok/s | elapsed 1.2s | eta 3.4s",
+/// then " | mfu 41.3% | peak 12.34 GB" when the MFU is known.
 std::string format_step_line(const StepMetrics& m);
-/// One JSON object (no newline) with keys step, loss, lr, grad_norm, tokens_per_s, elapsed_s, peak_bytes.
+/// One JSON object (no newline) with keys step, loss, lr, grad_norm, tokens_per_s, elapsed_s, peak_bytes, and
+/// mfu when it is known.
 std::string format_step_json(const StepMetrics& m);
 
 /// Appends JSON lines to a file; an empty path makes every call a no-op.

@@ -1,5 +1,6 @@
 #include "launch/train.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include "fsdp/fsdp.h"
 #include "launch/checkpointing.h"
 #include "launch/data.h"
+#include "launch/flops.h"
 #include "launch/metrics.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
@@ -132,6 +134,13 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   MetricsFile metrics(world.rank() == 0 ? config.logging.metrics_file : std::string());
 
   log.info0("model {}: {} parameters ({:.2f} M)", config.model.name, n_params, n_params / 1e6);
+  const ModelFlops flops = model_flops(config.model, tc.seq_len);
+  const DType compute_dtype = config.fsdp.mixed_precision.param_dtype == PrecisionKind::BF16 ? DType::BF16 : DType::F32;
+  const double device_peak = device.is_cuda() ? peak_flops(cuda::device_name(device.index), compute_dtype) : 0.0;
+  log.info0("model FLOPs: {:.4g} per token for training at seq_len {} ({} matmul parameters); device peak {}",
+            flops.flops_per_token, tc.seq_len, flops.matmul_params,
+            device_peak > 0 ? format("{:.0f} TFLOP/s {}", device_peak / 1e12, dtype_name(compute_dtype))
+                            : std::string(device.is_cuda() ? "unknown for this GPU, so MFU n/a" : "n/a on the CPU"));
   log.info0("data: {}", dataset->describe());
   log.info0("device: {}{}, collectives over {}", device.str(),
             device.is_cuda() ? " (" + cuda::device_name(device.index) + ")" : std::string(), fsdp_group.backend_name());
@@ -242,6 +251,9 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     sm.elapsed_s = elapsed;
     sm.eta_s = elapsed / static_cast<double>(step + 1 - first_step) * static_cast<double>(tc.steps - step - 1);
     sm.peak_bytes = allocator.stats().peak_bytes;
+    // MFU per device: this rank's share of the tokens against one device's peak.
+    if (device_peak > 0) sm.mfu = mfu(sm.tokens_per_s / world.size(), flops.flops_per_token, device_peak);
+    result.peak_bytes = std::max(result.peak_bytes, sm.peak_bytes);
     if ((step + 1) % config.logging.interval == 0 || step + 1 == last_step) {
       log.info0("{}", format_step_line(sm));
       metrics.append(sm);
@@ -265,9 +277,12 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   if (timed_steps > 0) {
     result.tokens_per_s = tokens_per_sample * static_cast<double>(tc.global_batch_size) *
                           static_cast<double>(timed_steps) / timed_seconds;
+    if (device_peak > 0) result.mfu = mfu(result.tokens_per_s / world.size(), flops.flops_per_token, device_peak);
   }
-  log.info0("done: steps {}..{}, final loss {:.4f}, {:.0f} tokens/s", first_step + 1, last_step,
-            result.losses.empty() ? 0.0 : result.losses.back(), result.tokens_per_s);
+  log.info0("done: steps {}..{}, final loss {:.4f}, {:.0f} tokens/s{}, peak {:.3f} GB on {}", first_step + 1, last_step,
+            result.losses.empty() ? 0.0 : result.losses.back(), result.tokens_per_s,
+            result.mfu >= 0 ? format(" (MFU {:.1f}%)", 100.0 * result.mfu) : std::string(), result.peak_bytes / 1e9,
+            device.str());
   return result;
 }
 
