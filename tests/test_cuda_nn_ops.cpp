@@ -390,8 +390,12 @@ TEST(CudaRope, ForwardAndBackwardMatchCpu) {
 struct AttnCase {
   int64_t b, t, h, kv, hd;
 };
-// GQA with odd T; MHA at a real head size; T=1; groups of two with odd hd; groups of four.
-const AttnCase kAttnCases[] = {
+// GQA with odd T; MHA at a real head size; groups of two with odd hd; groups of four.
+const AttnCase kAttnCases[] = {{2, 13, 4, 2, 8}, {1, 64, 8, 8, 64}, {3, 5, 6, 3, 6}, {2, 33, 8, 2, 16}};
+// T = 1 too for the forward (a one-element softmax: out = v). Its backward is
+// checked apart: dq and dk are 0 up to rounding, which a relative tolerance
+// cannot judge.
+const AttnCase kAttnForwardCases[] = {
     {2, 13, 4, 2, 8}, {1, 64, 8, 8, 64}, {1, 1, 2, 1, 4}, {3, 5, 6, 3, 6}, {2, 33, 8, 2, 16}};
 
 std::string attn_name(const char* what, const AttnCase& c) {
@@ -402,7 +406,7 @@ std::string attn_name(const char* what, const AttnCase& c) {
 TEST(CudaAttention, ForwardMatchesCpu) {
   if (st::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   uint32_t seed = 700;
-  for (const AttnCase& c : kAttnCases) {
+  for (const AttnCase& c : kAttnForwardCases) {
     for (DType dt : kDtypes) {
       const Shape q_shape{c.b, c.t, c.h, c.hd};
       const Shape kv_shape{c.b, c.t, c.kv, c.hd};
@@ -451,6 +455,47 @@ TEST(CudaAttention, BackwardMatchesCpu) {
       expect_close(attn_name("attention_backward dv", c), dv_gpu, dv_cpu, kAttentionF32Tol);
     }
   }
+}
+
+// T = 1: P = 1, so dv is the sum of dout over the group's query heads and dq,
+// dk are zero up to rounding (dS = scale * (dO.V - dO.O) with O = V).
+TEST(CudaAttention, BackwardAtOnePosition) {
+  if (st::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  const AttnCase c{2, 1, 4, 2, 8};
+  const Shape q_shape{c.b, c.t, c.h, c.hd};
+  const Shape kv_shape{c.b, c.t, c.kv, c.hd};
+  const Tensor q = random_tensor(q_shape, DType::F32, 851);
+  const Tensor k = random_tensor(kv_shape, DType::F32, 852);
+  const Tensor v = random_tensor(kv_shape, DType::F32, 853);
+  const Tensor dout = random_tensor(q_shape, DType::F32, 854);
+  const Tensor out = Tensor::zeros(q_shape, DType::F32, kGpu);
+  const Tensor lse = Tensor::zeros({c.b, c.h, c.t}, DType::F32, kGpu);
+  st::ops::attention_forward(gpu(q), gpu(k), gpu(v), out, lse);
+  const Tensor dq = gpu(random_tensor(q_shape, DType::F32, 855));
+  const Tensor dk = gpu(random_tensor(kv_shape, DType::F32, 856));
+  const Tensor dv = gpu(random_tensor(kv_shape, DType::F32, 857));
+  st::ops::attention_backward(gpu(dout), gpu(q), gpu(k), gpu(v), out, lse, dq, dk, dv);
+  const std::vector<float> o = out.to_floats();
+  const std::vector<float> vv = v.to_floats();
+  const std::vector<float> dov = dout.to_floats();
+  const std::vector<float> dvv = dv.to_floats();
+  const int64_t group = c.h / c.kv;
+  for (int64_t b = 0; b < c.b; ++b) {
+    for (int64_t g = 0; g < c.kv; ++g) {
+      for (int64_t i = 0; i < c.hd; ++i) {
+        const size_t kv_at = static_cast<size_t>((b * c.kv + g) * c.hd + i);
+        float want_dv = 0.0f;
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          const size_t q_at = static_cast<size_t>((b * c.h + h) * c.hd + i);
+          EXPECT_EQ(o[q_at], vv[kv_at]) << "out must be v at T = 1";
+          want_dv += dov[q_at];
+        }
+        EXPECT_NEAR(dvv[kv_at], want_dv, 1e-6f * std::max(1.0f, std::fabs(want_dv)));
+      }
+    }
+  }
+  for (float x : dq.to_floats()) EXPECT_LT(std::fabs(x), 1e-5f) << "dq at T = 1";
+  for (float x : dk.to_floats()) EXPECT_LT(std::fabs(x), 1e-5f) << "dk at T = 1";
 }
 
 // The GPU's own forward then backward, twice: the same bits both times

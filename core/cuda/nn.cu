@@ -497,6 +497,8 @@ __global__ void mse_kernel(In pred, In target, float g_scale, Out dpred, int64_t
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
+#undef ST_GRID_STRIDE
+
 __global__ void sum_partials_kernel(const double* partial, int64_t n, double* sum) {
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
