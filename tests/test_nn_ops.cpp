@@ -21,7 +21,6 @@
 
 #include <gtest/gtest.h>
 
-#include "core/cuda/cuda_runtime.h"
 #include "core/ops.h"
 #include "tests/test_util.h"
 
@@ -953,13 +952,6 @@ TEST(ModelOps, WrongDtypesAreNamed) {
                                Tensor::zeros({3, 6}, DType::F32));
   });
   EXPECT_TRUE(contains(msg, "tokens") && contains(msg, "I32")) << msg;
-}
-
-TEST(ModelOps, CudaTensorsHaveNoKernelYet) {
-  if (!st::cuda::compiled_with_cuda() || st::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  Tensor x = Tensor::zeros({4}, DType::F32, Device::cuda(0));
-  const std::string msg = error_of([&] { st::ops::relu_forward(x, x); });
-  EXPECT_TRUE(contains(msg, "relu_forward has no CUDA kernel yet")) << msg;
 }
 
 }  // namespace

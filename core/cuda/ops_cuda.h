@@ -4,7 +4,8 @@
 // dispatchers (core/ops.cpp, core/ops_nn.cpp). Every kernel runs on the
 // compute stream of its tensors' GPU (core/cuda/stream.h) and returns once
 // issued, except the ops that return a host value (sum_of_squares, the
-// losses, masked_sum_of_squares), which wait for it. Implemented in
+// losses, masked_sum_of_squares), which wait for it, and embedding
+// forward/backward, which wait for their token range check. Implemented in
 // core/cuda/*.cu; core/cuda/no_cuda_ops.cpp stands in without CUDA.
 // BF16 storage, F32 math, one rounding per output element, as on the CPU.
 #include <cstdint>
