@@ -74,17 +74,4 @@ Tensor Llama::backward_impl(const Tensor& dlogits) {
   return Tensor();
 }
 
-double Llama::train_flops_per_sample(int64_t seq_len) const {
-  const auto d = static_cast<double>(config_.hidden_size);
-  const auto f = static_cast<double>(config_.intermediate_size);
-  const auto v = static_cast<double>(config_.vocab_size);
-  const auto l = static_cast<double>(config_.num_hidden_layers);
-  const double kv = d / static_cast<double>(config_.num_attention_heads) *
-                    static_cast<double>(config_.num_key_value_heads);  // width of k_proj / v_proj
-  const double per_layer = d * d * 2 + d * kv * 2 + d * f * 3;         // q,o + k,v + gate,up,down
-  const double n_matmul = l * per_layer + v * d;                       // + lm_head
-  const auto t = static_cast<double>(seq_len);
-  return 6.0 * n_matmul * t + 6.0 * l * d * t * t;
-}
-
 }  // namespace st::models

@@ -55,7 +55,6 @@ class Llama : public Model {
   /// embedding table (a gather, no FLOPs) and the norms, as is customary; the
   /// second term is attention's QK^T and AV (2 matmuls * 2 FLOPs * T^2 * D per
   /// layer forward, x3 for forward+backward, halved for the causal mask).
-  double train_flops_per_sample(int64_t seq_len) const override;
 
   const ModelConfig& config() const { return config_; }
   LlamaModel& model() { return model_; }

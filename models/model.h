@@ -18,8 +18,6 @@ class Model : public Module {
   virtual Shape sample_input_shape(int64_t seq_len) const = 0;
   /// Shape of one target sample: {seq_len} tokens (I32) or {8} features (F32).
   virtual Shape sample_target_shape(int64_t seq_len) const = 0;
-  /// Matmul FLOPs of one forward+backward per sample (6*N*tokens plus attention), for MFU.
-  virtual double train_flops_per_sample(int64_t seq_len) const = 0;
 };
 
 /// Builds `model.name` ("llama" or "toy") with unbound parameters; an

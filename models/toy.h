@@ -22,7 +22,6 @@ class Toy : public Model {
   Shape sample_target_shape(int64_t) const override { return {kOut}; }
   /// 6 * (weights of net1 and net2): one multiply-add per weight per sample,
   /// forward (2 FLOPs) plus backward (4 FLOPs).
-  double train_flops_per_sample(int64_t) const override { return 6.0 * (kIn * kHidden + kHidden * kOut); }
 
   Linear& net1() { return net1_; }
   Linear& net2() { return net2_; }

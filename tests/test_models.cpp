@@ -297,15 +297,6 @@ TEST(ModelRegistry, BadDimensionsNameTheKey) {
   EXPECT_NE(msg.find("model.num_attention_heads"), std::string::npos) << msg;
 }
 
-TEST(ModelRegistry, TrainFlopsFormula) {
-  const ModelConfig c = tiny_llama();
-  Llama model(c);
-  const double d = 32, f = 48, v = 64, l = 2, kv = 16, t = 8;
-  const double n = l * (2 * d * d + 2 * d * kv + 3 * d * f) + v * d;
-  EXPECT_DOUBLE_EQ(model.train_flops_per_sample(8), 6 * n * t + 6 * l * d * t * t);
-  EXPECT_DOUBLE_EQ(Toy().train_flops_per_sample(1), 6.0 * (16 * 16 + 16 * 8));
-}
-
 // --- binding and init ----------------------------------------------------------------
 
 TEST(Binding, FlatBuffersFollowNamedParameterOrder) {
