@@ -22,17 +22,9 @@
 namespace st::optim::detail {
 namespace {
 
-// One step's scalars, already rounded to F32.
-struct AdamWScalars {
-  float decay;  // 1 - lr * weight_decay (1 for ranges without decay)
-  float beta1;
-  float one_minus_beta1;
-  float beta2;
-  float one_minus_beta2;
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
-  float eps;
-  float neg_step_size;  // -lr / (1 - beta1^t)
-};
+// One step's scalars, already rounded to F32; the GPU kernel takes the same
+// struct. On the CPU `decay` is set per range (1 for ranges without decay).
+using AdamWScalars = cuda::AdamWScalars;
 
 ST_OPTIM_KERNEL void adamw_kernel(float* __restrict p, const float* __restrict g, float* __restrict m,
                                   float* __restrict v, int64_t n, const AdamWScalars& s) {
@@ -90,10 +82,8 @@ class AdamW final : public Optimizer {
     const float decay = static_cast<float>(1.0 - lr * weight_decay_);
     for (Slot& slot : slots_) {
       if (slot.ranges.defined()) {
-        cuda::AdamWScalars cs{decay,   s.beta1,           s.one_minus_beta1,
-                              s.beta2, s.one_minus_beta2, s.bias_correction2_sqrt,
-                              s.eps,   s.neg_step_size};
-        cuda::adamw_step(slot.segment.param, slot.segment.grad, slot.exp_avg, slot.exp_avg_sq, slot.ranges, cs);
+        s.decay = decay;  // the kernel applies it to ranges whose decay flag is set
+        cuda::adamw_step(slot.segment.param, slot.segment.grad, slot.exp_avg, slot.exp_avg_sq, slot.ranges, s);
         continue;
       }
       float* p = slot.segment.param.data<float>();
