@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda/cuda_runtime.h"
+#include "core/cuda/device_util.cuh"
 #include "core/cuda/ops_cuda.h"
 #include "core/cuda/stream.h"
 
@@ -20,17 +21,15 @@ namespace st::cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
+using detail::from_f32;
+using detail::to_f32;
 
 constexpr int kThreads = 256;
 constexpr int64_t kChunk = 8 * kThreads;
 // Enough blocks to fill any current GPU; more chunks go round the grid-stride loop.
 constexpr int64_t kMaxBlocks = 1024;
 
-int blocks_for_chunks(int64_t n) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  return static_cast<int>(chunks < 1 ? 1 : (chunks > kMaxBlocks ? kMaxBlocks : chunks));
-}
+int blocks_for_chunks(int64_t n) { return detail::grid_blocks(n, kChunk, kMaxBlocks); }
 
 struct Range {
   int64_t begin;
@@ -109,33 +108,12 @@ __global__ void __launch_bounds__(kThreads)
   for_each_in_ranges(table, num_ranges, n, body);
 }
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
-
-// core/dtype.h's f32_to_bf16_bits (round to nearest even; NaN keeps its sign
-// and payload, quietened), which __float2bfloat16_rn does not do for NaN.
-__device__ __forceinline__ bf16 f32_to_bf16(float f) {
-  const uint32_t u = __float_as_uint(f);
-  __nv_bfloat16_raw raw;
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    raw.x = static_cast<unsigned short>((u >> 16) | 0x0040u);
-  } else {
-    raw.x = static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  }
-  return bf16(raw);
-}
-
 template <class T>
 struct ScaleBody {
   T* x;
   float s;
   __device__ __forceinline__ void operator()(int64_t i, bool /*decay*/) const {
-    const float y = __fmul_rn(to_f32(x[i]), s);
-    if constexpr (std::is_same_v<T, float>) {
-      x[i] = y;
-    } else {
-      x[i] = f32_to_bf16(y);
-    }
+    x[i] = from_f32<T>(__fmul_rn(to_f32(x[i]), s));
   }
 };
 
@@ -143,25 +121,6 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     masked_scale_kernel(ScaleBody<T> body, const int32_t* table, int num_ranges, int64_t n) {
   for_each_in_ranges(table, num_ranges, n, body);
-}
-
-// Sum over the block; the result is valid in thread 0. A fixed order for a
-// fixed launch shape, so the same input always gives the same bits.
-__device__ double block_sum(double v) {
-  __shared__ double warp_sums[kThreads / 32];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  v = 0.0;
-  if (warp == 0) {
-    if (lane < kThreads / 32) v = warp_sums[lane];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  }
-  return v;
 }
 
 template <class T>
@@ -180,15 +139,8 @@ __global__ void __launch_bounds__(kThreads)
     masked_sum_of_squares_kernel(const T* x, const int32_t* table, int num_ranges, int64_t n, double* partial) {
   SquareSumBody<T> body{x};
   for_each_in_ranges(table, num_ranges, n, body);
-  const double total = block_sum(body.acc);
+  const double total = detail::block_sum_to_thread0<kThreads>(body.acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
-}
-
-__global__ void __launch_bounds__(kThreads) sum_partials_kernel(const double* partial, int count, double* total) {
-  double acc = 0.0;
-  for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads) acc += partial[i];
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) *total = acc;
 }
 
 // --- host side ------------------------------------------------------------------------
@@ -213,14 +165,11 @@ int check_ranges(const char* op, const Tensor& ranges, const Tensor& x) {
   return static_cast<int>(ranges.size(0));
 }
 
+// Calls fn with x's device pointer as float* or bf16*; any other dtype throws.
 template <class Fn>
-decltype(auto) visit_float(const char* op, const Tensor& x, Fn&& fn) {
-  switch (x.dtype()) {
-    case DType::F32: return fn(x.data<float>());
-    case DType::BF16: return fn(reinterpret_cast<bf16*>(x.data<BFloat16>()));
-    case DType::I32: break;
-  }
-  ST_FAIL("{}: x must be F32 or BF16, got {}", op, x.str());
+void visit_float(const char* op, const Tensor& x, Fn&& fn) {
+  ST_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "{}: x must be F32 or BF16, got {}", op, x.str());
+  detail::visit_float(x.dtype(), [&](auto type) { fn(detail::device_ptr<typename decltype(type)::type>(x)); });
 }
 
 }  // namespace
@@ -252,21 +201,12 @@ double masked_sum_of_squares(const Tensor& x, const Tensor& ranges) {
   DeviceGuard guard(device);
   cudaStream_t stream = compute_stream(device);
   const int blocks = blocks_for_chunks(n);
-  // Partials and total as doubles in an F32 tensor (there is no F64 dtype);
-  // allocator blocks are aligned far beyond 8 bytes.
-  Tensor scratch = Tensor::empty({2 * (blocks + 1)}, DType::F32, x.device());
-  auto* partial = static_cast<double*>(scratch.raw_data());
-  double* total = partial + blocks;
-  visit_float("masked_sum_of_squares", x, [&](auto* px) {
-    masked_sum_of_squares_kernel<<<blocks, kThreads, 0, stream>>>(px, ranges.data<int32_t>(), num_ranges, n, partial);
-    CUDA_CHECK_LAUNCH();
+  return detail::two_stage_sum<kThreads>(x.device(), blocks, stream, [&](double* partial) {
+    visit_float("masked_sum_of_squares", x, [&](auto* px) {
+      masked_sum_of_squares_kernel<<<blocks, kThreads, 0, stream>>>(px, ranges.data<int32_t>(), num_ranges, n, partial);
+      CUDA_CHECK_LAUNCH();
+    });
   });
-  sum_partials_kernel<<<1, kThreads, 0, stream>>>(partial, blocks, total);
-  CUDA_CHECK_LAUNCH();
-  double result = 0.0;
-  // Ordered on the compute stream and waits for it.
-  copy_bytes(&result, Device::cpu(), total, x.device(), sizeof(double));
-  return result;
 }
 
 void masked_scale(const Tensor& x, const Tensor& ranges, float s) {

@@ -22,14 +22,20 @@
 #include <mutex>
 #include <vector>
 
-#include "core/cuda/cublas_util.h"
+#include "core/cuda/cublas_check.h"
 #include "core/cuda/cuda_runtime.h"
+#include "core/cuda/device_util.cuh"
 #include "core/cuda/ops_cuda.h"
 #include "core/cuda/stream.h"
 
 namespace st::cuda {
 
 namespace {
+
+using detail::block_reduce;
+using detail::Max;
+using detail::Sum;
+using detail::warp_reduce;
 
 // ---------------------------------------------------------------- cuBLAS handle
 
@@ -86,39 +92,24 @@ void gemm_f32(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t o
       static_cast<int>(ldc), stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// ---------------------------------------------------------------- element access
-
-__device__ __forceinline__ float bf16_to_f32(uint16_t bits) {
-  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
-}
-
-// Same rounding as st::f32_to_bf16_bits (core/dtype.h), NaN handling included.
-__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
-  const uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  const uint32_t lsb = (u >> 16) & 1u;
-  return static_cast<uint16_t>((u + 0x7fffu + lsb) >> 16);
-}
-
-__device__ __forceinline__ float load(const void* p, DType dtype, int64_t i) {
-  return dtype == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
-}
+// ---------------------------------------------------------------- F32 copies of BF16 operands
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65536;
 
-int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks)); }
+// Every launch below has work (attention_forward/backward return early on empty q).
+int blocks_for(int64_t n) { return detail::grid_blocks(n, kThreads, kMaxBlocks); }
 
 __global__ void widen_kernel(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dst[i] = bf16_to_f32(src[i]);
+    dst[i] = detail::widen_bf16(src[i]);
 }
 
 __global__ void round_kernel(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dst[i] = f32_to_bf16(src[i]);
+    dst[i] = detail::round_bf16_bits(src[i]);
 }
 
 // x as F32 values: x itself when it is F32, else a widened copy.
@@ -142,37 +133,6 @@ void store_result(const Tensor& result, const Tensor& out, cudaStream_t stream) 
   round_kernel<<<blocks_for(out.numel()), kThreads, 0, stream>>>(result.data<float>(),
                                                                  static_cast<uint16_t*>(out.raw_data()), out.numel());
   CUDA_CHECK_LAUNCH();
-}
-
-// ---------------------------------------------------------------- reductions
-
-constexpr unsigned kFullMask = 0xffffffffu;
-
-struct Sum {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
-};
-struct Max {
-  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-template <class Op>
-__device__ __forceinline__ float warp_reduce(float v, Op op) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
-  return v;
-}
-
-// Every thread of the block gets the result; a fixed tree, so reproducible.
-template <class Op>
-__device__ float block_reduce(float v, Op op, float identity) {
-  __shared__ float partial[32];
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  v = warp_reduce(v, op);
-  __syncthreads();  // a previous call's readers are done with `partial`
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  const int warps = static_cast<int>((blockDim.x + 31) / 32);
-  return warp_reduce(lane < warps ? partial[lane] : identity, op);
 }
 
 // ---------------------------------------------------------------- softmax kernels
@@ -223,7 +183,7 @@ __global__ void delta_kernel(const void* dout, DType dout_dtype, const void* out
   for (int64_t r = blockIdx.x * warps_per_block + threadIdx.x / 32; r < rows; r += gridDim.x * warps_per_block) {
     float acc = 0.0f;
     for (int64_t i = lane; i < hd; i += 32)
-      acc += load(dout, dout_dtype, r * hd + i) * load(out, out_dtype, r * hd + i);
+      acc += detail::load_float(dout, dout_dtype, r * hd + i) * detail::load_float(out, out_dtype, r * hd + i);
     acc = warp_reduce(acc, Sum{});
     if (lane == 0) delta[r] = acc;
   }
@@ -336,9 +296,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   const Tensor delta = Tensor::empty({d.batch, d.seq, d.heads}, DType::F32, q.device());  // (B, T, H)
   const int64_t delta_rows = d.batch * d.seq * d.heads;
   constexpr int64_t kWarpsPerBlock = kThreads / 32;
-  delta_kernel<<<static_cast<int>(std::min<int64_t>((delta_rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks)),
-                 kThreads, 0, stream>>>(dout.raw_data(), dout.dtype(), out.raw_data(), out.dtype(), delta.data<float>(),
-                                        delta_rows, d.hd);
+  delta_kernel<<<detail::grid_blocks(delta_rows, kWarpsPerBlock, kMaxBlocks), kThreads, 0, stream>>>(
+      dout.raw_data(), dout.dtype(), out.raw_data(), out.dtype(), delta.data<float>(), delta_rows, d.hd);
   CUDA_CHECK_LAUNCH();
   const dim3 rows(static_cast<unsigned>(d.seq), static_cast<unsigned>(d.batch));
   const int64_t q_ld = d.heads * d.hd;

@@ -1,18 +1,19 @@
 #pragma once
-// CUBLAS_CHECK wraps every cuBLAS / cuBLASLt call in core/cuda/: a failing
-// call throws st::Error naming the call and the status (name and text). Only
-// for sources built with ST_WITH_CUDA (it needs the cuBLASLt header).
-#include <cublasLt.h>
+// CUBLAS_CHECK wraps every cuBLAS and cuBLASLt call in core/cuda/: a failing
+// call throws st::Error naming the call and cuBLAS's own name and text for
+// the status. Both libraries return cublasStatus_t, so one macro serves both.
+// Only for sources built with ST_WITH_CUDA (it needs the cuBLAS headers).
+#include <cublas_v2.h>
 
 #include "core/error.h"
 
 namespace st::cuda::detail {
 
-/// Throws st::Error for a failed cuBLAS call.
+/// Throws st::Error for a failed cuBLAS or cuBLASLt call.
 [[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
   ::st::detail::throw_error(file, line,
-                            ::st::format("cuBLAS call failed: {}: {} ({})", call, cublasLtGetStatusName(status),
-                                         cublasLtGetStatusString(status)));
+                            ::st::format("cuBLAS call failed: {}: {} ({})", call, cublasGetStatusName(status),
+                                         cublasGetStatusString(status)));
 }
 
 }  // namespace st::cuda::detail

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda/cuda_runtime.h"
+#include "core/cuda/device_util.cuh"
 #include "core/cuda/ops_cuda.h"
 #include "core/cuda/stream.h"
 
@@ -18,8 +19,12 @@ namespace st::cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
-static_assert(sizeof(bf16) == sizeof(BFloat16));
+using detail::bf16;
+using detail::device_ptr;
+using detail::from_f32;
+using detail::round_bf16;
+using detail::to_f32;
+using detail::visit_float;
 
 constexpr int kThreads = 256;
 // Enough resident threads to saturate the memory system of any current GPU
@@ -27,39 +32,9 @@ constexpr int kThreads = 256;
 // cover the rest, so large tensors do not pay for launching idle blocks.
 constexpr int64_t kMaxBlocks = 1024;
 
-int blocks_for(int64_t work_items) {
-  const int64_t blocks = (work_items + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
-}
+int blocks_for(int64_t work_items) { return detail::grid_blocks(work_items, kThreads, kMaxBlocks); }
 
-// --- conversions, the device twins of core/dtype.h --------------------------------
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
-
-// core/dtype.h's f32_to_bf16_bits, operation for operation. __float2bfloat16_rn
-// rounds finite values the same way but turns every NaN into the canonical
-// 0x7fff, while the CPU keeps the sign and payload (quietened); both are NaN,
-// but bit-identical results need the CPU's rule.
-__device__ __forceinline__ bf16 f32_to_bf16(float f) {
-  const uint32_t u = __float_as_uint(f);
-  __nv_bfloat16_raw raw;
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    raw.x = static_cast<unsigned short>((u >> 16) | 0x0040u);
-  } else {
-    raw.x = static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  }
-  return bf16(raw);
-}
-
-template <class T>
-__device__ __forceinline__ T from_f32(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return f32_to_bf16(v);
-  }
-}
+// --- conversions (the rest are in core/cuda/device_util.cuh) ----------------------
 
 // I32 -> BF16 rounded once, as core/cpu/ops_cpu.cpp's i32_to_bf16_bits: the
 // F32 value is nudged one F32 ulp towards v when it landed on a BF16 midpoint
@@ -71,7 +46,7 @@ __device__ __forceinline__ bf16 i32_to_bf16(int32_t v) {
     if (diff != 0)
       f = nextafterf(f, diff > 0 ? __int_as_float(0x7f800000) : __int_as_float(static_cast<int>(0xff800000u)));
   }
-  return f32_to_bf16(f);
+  return round_bf16(f);
 }
 
 // --- the element-wise operations ----------------------------------------------------
@@ -199,25 +174,6 @@ __global__ void fill_kernel(T* x, int64_t n, T value) {
 
 // --- sum of squares: per-block double partials, then one block adds them ------------
 
-// Sum over the block; the result is valid in thread 0. Fixed order for a
-// fixed launch shape, so the same input always gives the same bits.
-__device__ double block_sum(double v) {
-  __shared__ double warp_sums[kThreads / 32];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  v = 0.0;
-  if (warp == 0) {
-    if (lane < kThreads / 32) v = warp_sums[lane];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  }
-  return v;
-}
-
 template <class T>
 __global__ void __launch_bounds__(kThreads) sum_of_squares_partial_kernel(const T* x, int64_t n, double* partial) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -227,39 +183,8 @@ __global__ void __launch_bounds__(kThreads) sum_of_squares_partial_kernel(const 
     const double v = to_f32(x[i]);
     acc += v * v;
   }
-  acc = block_sum(acc);
+  acc = detail::block_sum_to_thread0<kThreads>(acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-}
-
-__global__ void __launch_bounds__(kThreads) sum_partials_kernel(const double* partial, int count, double* total) {
-  double acc = 0.0;
-  for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads) acc += partial[i];
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) *total = acc;
-}
-
-// --- host side ------------------------------------------------------------------------
-
-// Calls fn(std::type_identity<T>{}) with T = float or bf16 for `dtype`; the
-// dispatcher has rejected other dtypes already, this is the backstop.
-template <class Fn>
-decltype(auto) visit_float(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::F32: return fn(std::type_identity<float>{});
-    case DType::BF16: return fn(std::type_identity<bf16>{});
-    case DType::I32: break;
-  }
-  ST_FAIL("CUDA op expected an F32 or BF16 tensor, got {}", dtype);
-}
-
-// The tensor's device pointer as the kernels' element type.
-template <class T>
-T* device_ptr(const Tensor& t) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return reinterpret_cast<bf16*>(t.data<BFloat16>());
-  } else {
-    return t.data<T>();
-  }
 }
 
 }  // namespace
@@ -332,23 +257,13 @@ double sum_of_squares(const Tensor& x) {
   DeviceGuard guard(device);
   cudaStream_t stream = compute_stream(device);
   const int blocks = blocks_for(n);
-  // Partials and total as doubles in an F32 tensor (there is no F64 dtype):
-  // a fresh allocation starts at the allocator's block alignment, so the
-  // doubles are aligned; after the first call the cache serves it.
-  Tensor scratch = Tensor::empty({2 * (blocks + 1)}, DType::F32, x.device());
-  auto* partial = static_cast<double*>(scratch.raw_data());
-  double* total = partial + blocks;
-  visit_float(x.dtype(), [&](auto x_type) {
-    using T = typename decltype(x_type)::type;
-    sum_of_squares_partial_kernel<<<blocks, kThreads, 0, stream>>>(device_ptr<T>(x), n, partial);
-    CUDA_CHECK_LAUNCH();
+  return detail::two_stage_sum<kThreads>(x.device(), blocks, stream, [&](double* partial) {
+    visit_float(x.dtype(), [&](auto x_type) {
+      using T = typename decltype(x_type)::type;
+      sum_of_squares_partial_kernel<<<blocks, kThreads, 0, stream>>>(device_ptr<T>(x), n, partial);
+      CUDA_CHECK_LAUNCH();
+    });
   });
-  sum_partials_kernel<<<1, kThreads, 0, stream>>>(partial, blocks, total);
-  CUDA_CHECK_LAUNCH();
-  double result = 0.0;
-  // Ordered on the compute stream and waits for it, so the value is final.
-  copy_bytes(&result, Device::cpu(), total, x.device(), sizeof(double));
-  return result;
 }
 
 void fill(const Tensor& x, double value) {

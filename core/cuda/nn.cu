@@ -24,6 +24,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "core/cuda/cuda_runtime.h"
+#include "core/cuda/device_util.cuh"
 #include "core/cuda/ops_cuda.h"
 #include "core/cuda/stream.h"
 
@@ -31,20 +32,11 @@ namespace st::cuda {
 
 namespace {
 
+using detail::block_reduce;
+using detail::kFullMask;
+using detail::Sum;
+
 // ---------------------------------------------------------------- element access
-
-__device__ __forceinline__ float bf16_to_f32(uint16_t bits) {
-  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
-}
-
-// Same rounding as st::f32_to_bf16_bits (core/dtype.h), NaN handling included,
-// so a GPU result rounds to the bits the CPU backend would store.
-__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
-  const uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  const uint32_t lsb = (u >> 16) & 1u;
-  return static_cast<uint16_t>((u + 0x7fffu + lsb) >> 16);
-}
 
 // A float operand read as F32 whatever its storage. The dtype is a kernel
 // argument rather than a template parameter: the branch is uniform across a
@@ -52,25 +44,15 @@ __device__ __forceinline__ uint16_t f32_to_bf16(float f) {
 struct In {
   const void* ptr;
   DType dtype;
-  __device__ __forceinline__ float operator[](int64_t i) const {
-    return dtype == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(ptr)[i]) : static_cast<const float*>(ptr)[i];
-  }
+  __device__ __forceinline__ float operator[](int64_t i) const { return detail::load_float(ptr, dtype, i); }
 };
 
 // A float output: F32 values stored with one rounding for BF16.
 struct Out {
   void* ptr;
   DType dtype;
-  __device__ __forceinline__ float get(int64_t i) const {
-    return dtype == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(ptr)[i]) : static_cast<const float*>(ptr)[i];
-  }
-  __device__ __forceinline__ void set(int64_t i, float v) const {
-    if (dtype == DType::BF16) {
-      static_cast<uint16_t*>(ptr)[i] = f32_to_bf16(v);
-    } else {
-      static_cast<float*>(ptr)[i] = v;
-    }
-  }
+  __device__ __forceinline__ float get(int64_t i) const { return detail::load_float(ptr, dtype, i); }
+  __device__ __forceinline__ void set(int64_t i, float v) const { detail::store_float(ptr, dtype, i, v); }
 };
 
 In in(const Tensor& t) { return {t.raw_data(), t.dtype()}; }
@@ -82,11 +64,9 @@ constexpr int kThreads = 256;          // elementwise kernels and row kernels
 constexpr int kCeThreads = 512;        // cross-entropy rows are vocabulary-wide
 constexpr int64_t kMaxBlocks = 65536;  // grid-stride loops cover the rest
 
-int blocks_for(int64_t n, int threads = kThreads) {
-  return static_cast<int>(std::clamp<int64_t>((n + threads - 1) / threads, 1, kMaxBlocks));
-}
+int blocks_for(int64_t n) { return detail::grid_blocks(n, kThreads, kMaxBlocks); }
 
-int row_blocks(int64_t rows) { return static_cast<int>(std::clamp<int64_t>(rows, 1, kMaxBlocks)); }
+int row_blocks(int64_t rows) { return detail::grid_blocks(rows, 1, kMaxBlocks); }
 
 // The GPU of an op's operands made current for the call, and its compute stream.
 struct OnDevice {
@@ -97,38 +77,7 @@ struct OnDevice {
 
 // ---------------------------------------------------------------- block reductions
 
-constexpr unsigned kFullMask = 0xffffffffu;
-
-template <class T, class Op>
-__device__ __forceinline__ T warp_reduce(T v, Op op) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
-  return v;
-}
-
-// Reduction over the block (blockDim.x a multiple of 32, at most 1024); every
-// thread gets the result. The tree is fixed by blockDim alone, so results are
-// reproducible. Safe to call repeatedly: the leading barrier keeps a previous
-// call's readers off the shared slots.
-template <class T, class Op>
-__device__ T block_reduce(T v, Op op, T identity) {
-  __shared__ T partial[32];
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  v = warp_reduce(v, op);
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  const int warps = static_cast<int>((blockDim.x + 31) / 32);
-  return warp_reduce(lane < warps ? partial[lane] : identity, op);
-}
-
-struct Sum {
-  template <class T>
-  __device__ __forceinline__ T operator()(T a, T b) const {
-    return a + b;
-  }
-};
-
+// Sum over the block; every thread gets the result (core/cuda/device_util.cuh).
 __device__ __forceinline__ float block_sum(float v) { return block_reduce(v, Sum{}, 0.0f); }
 
 // ---------------------------------------------------------------- id range checks
