@@ -495,6 +495,16 @@ class NcclGroup final : public ProcessGroup {
       // The collective may be half-issued on some ranks: this communicator
       // cannot be trusted to drain, so it is aborted rather than destroyed.
       state_->comm.mark_failed();
+      // The work is destroyed unwaited, which orders the compute stream after
+      // done_ before its scratch goes back to the cache: record done_ after
+      // whatever part of the body did reach the comm stream (a conversion
+      // kernel, say), or that wait would pass at once and the compute stream
+      // could reuse a block the comm stream is still writing.
+      try {
+        work->record_done();
+      } catch (...) {
+        // A broken context: the first error is the one to report.
+      }
       throw;
     }
     work->record_done();

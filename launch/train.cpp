@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <sstream>
+#include <vector>
 
 #include "core/cuda/cuda_runtime.h"
 #include "core/ops.h"
@@ -86,9 +87,17 @@ void log_config(const Config& config, Logger& log) {
 // world group itself (MPI stages device tensors through host memory, which
 // lets tests run several ranks on one GPU; one process needs no communication).
 std::unique_ptr<ProcessGroup> device_group(ProcessGroup& world, Device device, int local_size) {
+  if (world.size() == 1 || !nccl_available()) return nullptr;
   const bool own_gpu = device.is_cuda() && local_size <= cuda::device_count();
-  if (own_gpu && world.size() > 1 && nccl_available()) return make_nccl_group(world, device.index);
-  return nullptr;
+  // make_nccl_group is collective over the world, so every rank must take the
+  // same branch; own_gpu is a per-host fact (device count, train.device:
+  // auto on a host without GPUs), so the ranks agree on it first: NCCL only
+  // when every rank can use it, else a rank that skipped it would leave the
+  // others hanging in the group's creation.
+  Tensor cannot = Tensor::from_vector(std::vector<int32_t>{own_gpu ? 0 : 1}, {1});
+  world.all_reduce(cannot, {.op = ReduceOp::Max}).wait();
+  if (cannot.data<int32_t>()[0] != 0) return nullptr;
+  return make_nccl_group(world, device.index);
 }
 
 }  // namespace

@@ -208,8 +208,17 @@ class GemmContext {
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_.get(), plan->desc.get(), plan->first.get(), plan->second.get(),
-                                                plan->out.get(), plan->out.get(), pref.get(), 1, &result, &found));
+    // cuBLASLt answers "no algorithm" either with found == 0 or with
+    // CUBLAS_STATUS_NOT_SUPPORTED; both reach the check below, whose message
+    // names the problem (CUBLAS_CHECK would only name the status).
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(handle_.get(), plan->desc.get(), plan->first.get(), plan->second.get(),
+                                       plan->out.get(), plan->out.get(), pref.get(), 1, &result, &found);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+      found = 0;
+    } else {
+      CUBLAS_CHECK(status);
+    }
     ST_CHECK(found > 0 && result.state == CUBLAS_STATUS_SUCCESS,
              "gemm on cuda:{}: cuBLASLt has no algorithm for [{}, {}] x [{}, {}] (ta {}, tb {}, operand type {}, "
              "output type {}, alignments a {} b {} c {} bytes)",

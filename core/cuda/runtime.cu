@@ -271,8 +271,17 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     // the destination's stream, so later work there sees the bytes.
     synchronize(src_device.index);
     DeviceGuard guard(dst_device.index);
-    CUDA_CHECK(
-        cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, compute_stream(dst_device.index)));
+    cudaStream_t dst_stream = compute_stream(dst_device.index);
+    CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, dst_stream));
+    // The copy reads src on the destination's stream, which the source's
+    // stream knows nothing of: without this fence, later work there (or the
+    // caching allocator handing a freed src to it) could overwrite src
+    // mid-copy. The event is made on the destination GPU, as recording it on
+    // that stream requires; a stream may wait on another GPU's event, and
+    // destroying an event whose wait is already enqueued is safe.
+    Event copied;
+    copied.record(dst_stream);
+    copied.block(compute_stream(src_device.index));
   }
 }
 
