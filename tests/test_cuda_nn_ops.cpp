@@ -139,8 +139,9 @@ struct EmbedCase {
   int64_t vocab, d;
   Shape tokens;
 };
-// N=1; few tokens so rows repeat; batch-shaped tokens; a larger vocabulary.
-const EmbedCase kEmbedCases[] = {{11, 7, {1}}, {5, 7, {2, 13}}, {50, 64, {37}}, {1000, 33, {2, 32}}};
+// N=1; few tokens so rows repeat; batch-shaped tokens; a larger vocabulary;
+// more rows than the 65536 blocks of a launch (the grid-stride loop) with long runs.
+const EmbedCase kEmbedCases[] = {{11, 7, {1}}, {5, 7, {2, 13}}, {50, 64, {37}}, {1000, 33, {2, 32}}, {7, 5, {70001}}};
 
 TEST(CudaEmbedding, ForwardMatchesCpuBitForBit) {
   if (st::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
@@ -233,7 +234,10 @@ struct RmsCase {
   Shape x;  // [..., D]
   float eps;
 };
-const RmsCase kRmsCases[] = {{{1, 7}, 1e-5f}, {{2, 13, 64}, 1e-6f}, {{37, 1000}, 1e-5f}, {{3, 5}, 0.0f}};
+// The last has more rows than the backward's 512 first-stage blocks, so each
+// block handles several rows (its dweight partial and the block sum reused).
+const RmsCase kRmsCases[] = {
+    {{1, 7}, 1e-5f}, {{2, 13, 64}, 1e-6f}, {{37, 1000}, 1e-5f}, {{3, 5}, 0.0f}, {{600, 33}, 1e-5f}};
 
 // (x, weight, out) dtypes: all F32, all BF16, BF16 activations with an F32 weight.
 struct RmsDtypes {
@@ -499,7 +503,8 @@ TEST(CudaAttention, BackwardAtOnePosition) {
 }
 
 // The GPU's own forward then backward, twice: the same bits both times
-// (cuBLAS and the kernels have a fixed order), and close to the CPU's.
+// (cuBLAS and the kernels have a fixed order). Closeness to the CPU is
+// checked by the tests above.
 TEST(CudaAttention, ForwardBackwardRepeatBitForBit) {
   if (st::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   const AttnCase c{2, 29, 4, 2, 32};
@@ -597,7 +602,8 @@ struct CeCase {
   int64_t rows, vocab;
   int ignored_every;  // every k-th target is ignore_index (0: none)
 };
-const CeCase kCeCases[] = {{1, 7, 0}, {37, 1000, 4}, {5, 32003, 2}, {2, 1, 0}};
+// The last has more rows than the 65536 blocks of a launch (grid-stride loop).
+const CeCase kCeCases[] = {{1, 7, 0}, {37, 1000, 4}, {5, 32003, 2}, {2, 1, 0}, {70001, 3, 5}};
 
 std::vector<int32_t> ce_targets(const CeCase& c, uint32_t seed) {
   std::vector<int32_t> t = random_ids(c.rows, static_cast<int32_t>(c.vocab), seed);

@@ -181,7 +181,8 @@ __global__ void rmsnorm_forward_kernel(In x, In weight, float eps, Out out, floa
       const float v = x[base + i];
       acc += v * v;
     }
-    const float mean_sq = block_sum(acc) * inv_d;
+    // Rounded before eps is added, as on the CPU (nvcc would fuse the two into an FMA).
+    const float mean_sq = __fmul_rn(block_sum(acc), inv_d);
     const float r_std = 1.0f / sqrtf(mean_sq + eps);
     if (threadIdx.x == 0) rstd[r] = r_std;
     // (x * rstd) * weight, in Hugging Face's order.
@@ -357,10 +358,15 @@ __device__ __forceinline__ void softmax_push(SoftmaxAcc& a, float v) {
   }
 }
 
+// Must be commutative bit for bit: in the xor butterfly below, lane i forms
+// merge(x_i, x_j) while lane j forms merge(x_j, x_i), and every thread then
+// uses its own (m, s) for its share of dlogits. Left to nvcc, `p * q + r * t`
+// contracts to fma(p, q, r * t) in one lane and fma(r, t, p * q) in the other,
+// so lanes could end up an ulp apart; the explicit roundings forbid that.
 __device__ __forceinline__ SoftmaxAcc softmax_merge(SoftmaxAcc a, SoftmaxAcc b) {
   const float m = fmaxf(a.m, b.m);
   if (m == -INFINITY) return {m, a.s + b.s};
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+  return {m, __fadd_rn(__fmul_rn(a.s, expf(a.m - m)), __fmul_rn(b.s, expf(b.m - m)))};
 }
 
 __device__ SoftmaxAcc block_softmax_reduce(SoftmaxAcc a) {
@@ -501,6 +507,9 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& 
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, tokens.data<int32_t>(), sorted_tokens.data<int32_t>(),
                                              positions.data<int32_t>(), sorted_positions.data<int32_t>(), num_items, 0,
                                              end_bit, dev.stream));
+  // At least one byte: a null d_temp_storage would make the second call a size
+  // query again, and the sort would silently not run.
+  temp_bytes = std::max<size_t>(temp_bytes, 1);
   Tensor temp = scratch_bytes(dweight, static_cast<int64_t>(temp_bytes));
   // Radix sort is stable: positions stay ascending within a token.
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw_data(), temp_bytes, tokens.data<int32_t>(),
