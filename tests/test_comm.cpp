@@ -29,29 +29,11 @@
 namespace st {
 namespace {
 
+using test::floats;
+using test::ids;
 using test::world;
 
 constexpr DType kAllDtypes[] = {DType::F32, DType::BF16, DType::I32};
-
-/// The value that stands for `id` in `dtype`: exact and distinct for ids
-/// below 12288 (BF16 takes the bit pattern 0x3c00 + id, a normal number).
-Tensor ids(DType dtype, int64_t n, const std::function<int64_t(int64_t)>& id_of) {
-  Tensor t = Tensor::empty({n}, dtype);
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t id = id_of(i);
-    switch (dtype) {
-      case DType::F32: t.data<float>()[i] = static_cast<float>(id); break;
-      case DType::I32: t.data<int32_t>()[i] = static_cast<int32_t>(id); break;
-      case DType::BF16: t.data<BFloat16>()[i] = BFloat16::from_bits(static_cast<uint16_t>(0x3c00 + id % 0x3000)); break;
-    }
-  }
-  return t;
-}
-
-/// A 1-D tensor of `dtype` holding `values` (rounded once for BF16).
-Tensor floats(const std::vector<float>& values, DType dtype) {
-  return Tensor::from_floats(values, {static_cast<int64_t>(values.size())}, dtype);
-}
 
 using st::test::count_wrong;
 

@@ -2,7 +2,9 @@
 // Helpers shared by the GoogleTest files.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -34,6 +36,27 @@ inline int64_t count_wrong(const Tensor& got, const Tensor& want) {
   int64_t wrong = 0;
   for (int64_t i = 0; i < got.numel(); ++i) wrong += std::memcmp(g + i * width, w + i * width, width) != 0;
   return wrong;
+}
+
+/// The value that stands for `id` in `dtype` (collective tests on crafted
+/// inputs): exact for ids below 2^24 in F32 and I32; BF16 takes the bit
+/// pattern 0x3c00 + id % 0x3000, a normal number, distinct for ids below 12288.
+inline Tensor ids(DType dtype, int64_t n, const std::function<int64_t(int64_t)>& id_of) {
+  Tensor t = Tensor::empty({n}, dtype);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t id = id_of(i);
+    switch (dtype) {
+      case DType::F32: t.data<float>()[i] = static_cast<float>(id); break;
+      case DType::I32: t.data<int32_t>()[i] = static_cast<int32_t>(id); break;
+      case DType::BF16: t.data<BFloat16>()[i] = BFloat16::from_bits(static_cast<uint16_t>(0x3c00 + id % 0x3000)); break;
+    }
+  }
+  return t;
+}
+
+/// A 1-D CPU tensor of `dtype` holding `values` (rounded once for BF16).
+inline Tensor floats(const std::vector<float>& values, DType dtype) {
+  return Tensor::from_floats(values, {static_cast<int64_t>(values.size())}, dtype);
 }
 
 }  // namespace st::test
