@@ -198,7 +198,8 @@ struct ShardedModel::Impl {
     unit.grad = Tensor::zeros({unit.shard_size}, DType::F32, device);
     const int64_t lo = shard_group->rank() * unit.shard_size;
     const int64_t hi = lo + unit.shard_size;
-    optim::Segment segment{unit.master, unit.grad, {}};
+    optim::Segment segment;
+    segment.grad = unit.grad;
     for (size_t i = 0; i < plan.params.size(); ++i) {
       const auto& [fqn, p] = plan.params[i];
       const int64_t start = unit.offsets[i];
@@ -214,6 +215,7 @@ struct ShardedModel::Impl {
     }
     unit.master = device.is_cpu() ? master : master.to(device);
     segment.param = unit.master;
+    if (device.is_cuda()) segment.device_ranges = optim::range_table(segment);  // once, not per step
     segments.push_back(std::move(segment));
     units.push_back(std::move(unit));
   }

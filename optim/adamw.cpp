@@ -59,9 +59,7 @@ class AdamW final : public Optimizer {
     const Device device = segment.param.device();
     Tensor exp_avg = Tensor::zeros({n}, DType::F32, device);
     Tensor exp_avg_sq = Tensor::zeros({n}, DType::F32, device);
-    // On a GPU one fused launch updates the whole segment; its range table is built once.
-    Tensor ranges = device.is_cuda() ? range_table(segment) : Tensor();
-    slots_.push_back({std::move(segment), std::move(exp_avg), std::move(exp_avg_sq), std::move(ranges)});
+    slots_.push_back({std::move(segment), std::move(exp_avg), std::move(exp_avg_sq)});
     return slots_.size() - 1;
   }
 
@@ -81,9 +79,11 @@ class AdamW final : public Optimizer {
     s.neg_step_size = static_cast<float>(-(lr / bias_correction1));
     const float decay = static_cast<float>(1.0 - lr * weight_decay_);
     for (Slot& slot : slots_) {
-      if (slot.ranges.defined()) {
-        s.decay = decay;  // the kernel applies it to ranges whose decay flag is set
-        cuda::adamw_step(slot.segment.param, slot.segment.grad, slot.exp_avg, slot.exp_avg_sq, slot.ranges, s);
+      if (slot.segment.param.device().is_cuda()) {
+        // One fused launch for the whole segment; the kernel applies decay to ranges whose flag is set.
+        s.decay = decay;
+        cuda::adamw_step(slot.segment.param, slot.segment.grad, slot.exp_avg, slot.exp_avg_sq,
+                         slot.segment.device_ranges, s);
         continue;
       }
       float* p = slot.segment.param.data<float>();
@@ -114,7 +114,6 @@ class AdamW final : public Optimizer {
     Segment segment;
     Tensor exp_avg;     // F32 [n], zero outside ranges
     Tensor exp_avg_sq;  // F32 [n], zero outside ranges
-    Tensor ranges;      // I32 [R, 3] on the GPU (see range_table); undefined on the CPU
   };
 
   double beta1_, beta2_, eps_, weight_decay_;

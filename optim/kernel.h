@@ -30,11 +30,9 @@ namespace st::optim::detail {
 /// "segment holding 'a' .. 'z' (3 parameters)", for error messages.
 std::string segment_name(const Segment& segment);
 /// Throws st::Error naming the parameter unless `segment` is usable: param and
-/// grad F32, 1-D, on one device, same numel; ranges sorted, disjoint, in bounds.
+/// grad F32, 1-D, on one device, same numel; ranges sorted, disjoint, in
+/// bounds; on a GPU, device_ranges present with one row per range.
 void validate_segment(const Segment& segment);
-/// The segment's ranges as the GPU kernels take them: I32 [R, 3] rows of
-/// (offset, numel, decay flag) on the segment's device.
-Tensor range_table(const Segment& segment);
 /// Throws unless `lr` is finite and >= 0.
 void validate_lr(double lr);
 

@@ -55,7 +55,20 @@ void validate_segment(const Segment& segment) {
     }
     prev = &r;
   }
+  if (segment.param.device().is_cuda()) {
+    const Tensor& t = segment.device_ranges;
+    ST_CHECK(t.defined() && t.device() == segment.param.device() && t.dim() == 2 &&
+                 t.size(0) == static_cast<int64_t>(segment.ranges.size()),
+             "optimizer {}: a segment on {} needs device_ranges = optim::range_table(segment) ({} rows), got {}",
+             segment_name(segment), segment.param.device(), segment.ranges.size(), t.defined() ? t.str() : "none");
+  }
 }
+
+void validate_lr(double lr) {
+  ST_CHECK(std::isfinite(lr) && lr >= 0, "optimizer step: learning rate must be a finite number >= 0, got {}", lr);
+}
+
+}  // namespace detail
 
 Tensor range_table(const Segment& segment) {
   std::vector<int32_t> rows;
@@ -66,7 +79,7 @@ Tensor range_table(const Segment& segment) {
     ST_CHECK(r.offset + r.numel < (int64_t{1} << 31),
              "optimizer {}: parameter '{}' ends at element {}, beyond the 2^31 elements a GPU segment supports; wrap "
              "the model into smaller units (fsdp.auto_wrap)",
-             segment_name(segment), r.fqn, r.offset + r.numel);
+             detail::segment_name(segment), r.fqn, r.offset + r.numel);
     rows.push_back(static_cast<int32_t>(r.offset));
     rows.push_back(static_cast<int32_t>(r.numel));
     rows.push_back(r.weight_decay ? 1 : 0);
@@ -74,12 +87,6 @@ Tensor range_table(const Segment& segment) {
   Tensor table = Tensor::from_vector(rows, {static_cast<int64_t>(segment.ranges.size()), 3});
   return segment.param.device().is_cpu() ? table : table.to(segment.param.device());
 }
-
-void validate_lr(double lr) {
-  ST_CHECK(std::isfinite(lr) && lr >= 0, "optimizer step: learning rate must be a finite number >= 0, got {}", lr);
-}
-
-}  // namespace detail
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config) {
   // Config::validate() checks these too; repeated here because an optimizer
@@ -95,7 +102,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config) {
 
 double grad_sum_of_squares(const Segment& segment) {
   detail::validate_segment(segment);
-  if (segment.grad.device().is_cuda()) return cuda::masked_sum_of_squares(segment.grad, detail::range_table(segment));
+  if (segment.grad.device().is_cuda()) return cuda::masked_sum_of_squares(segment.grad, segment.device_ranges);
   const float* g = segment.grad.data<float>();
   double sum = 0.0;
   for (const ParamRange& r : segment.ranges) {
@@ -121,7 +128,7 @@ void scale_grad(const Segment& segment, double coefficient) {
   // torch multiplies by the coefficient held as an F32 tensor.
   const float c = static_cast<float>(coefficient);
   if (segment.grad.device().is_cuda()) {
-    cuda::masked_scale(segment.grad, detail::range_table(segment), c);
+    cuda::masked_scale(segment.grad, segment.device_ranges, c);
     return;
   }
   float* g = segment.grad.data<float>();

@@ -27,6 +27,7 @@ struct Segment {
   Tensor param;                    // F32 [n], updated in place
   Tensor grad;                     // F32 [n], read only
   std::vector<ParamRange> ranges;  // sorted, non-overlapping, inside [0, n)
+  Tensor device_ranges = {};       // GPU segments only: `ranges` as range_table() builds them, made once
 };
 
 class Optimizer {
@@ -64,6 +65,11 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config);
 /// Step W takes lr and step total_steps - 1 takes min_lr (when the decay spans
 /// two or more steps); later steps stay at min_lr. Throws for total_steps < 1 or step < 0.
 double learning_rate(const OptimConfig& config, int64_t step, int64_t total_steps);
+
+/// `segment.ranges` as the GPU kernels take them: an I32 [R, 3] table of
+/// (offset, numel, decay flag) rows on the segment's device. A GPU segment
+/// carries it in `device_ranges`, built once when the segment is made.
+Tensor range_table(const Segment& segment);
 
 /// Sum of squares of the gradient over the segment's ranges (padding excluded), in double.
 double grad_sum_of_squares(const Segment& segment);
