@@ -47,17 +47,7 @@ const Device kGpu = Device::cuda(0);
 
 const char* dtype_str(DType t) { return t == DType::BF16 ? "BF16" : "F32"; }
 
-// Normal values with a fixed seed, at least `min_abs` away from zero.
-std::vector<float> random_floats(int64_t n, uint32_t seed, float stddev = 1.0f, float min_abs = 1e-3f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) {
-    x = dist(rng);
-    if (std::fabs(x) < min_abs) x = std::copysign(min_abs, x);
-  }
-  return v;
-}
+using st::test::random_floats;
 
 // A CPU tensor of random values stored in `dtype`.
 Tensor random_tensor(const Shape& shape, DType dtype, uint32_t seed, float stddev = 1.0f) {

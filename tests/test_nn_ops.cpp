@@ -39,18 +39,7 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-// Normal values with a fixed seed, at least `min_abs` away from zero (never
-// zero, both signs).
-std::vector<float> random_floats(int64_t n, uint32_t seed, float stddev = 1.0f, float min_abs = 1e-3f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) {
-    x = dist(rng);
-    if (std::fabs(x) < min_abs) x = std::copysign(min_abs, x);
-  }
-  return v;
-}
+using st::test::random_floats;
 
 // Values as they are stored in `dtype` (rounded through BF16 when needed).
 std::vector<float> as_stored(std::vector<float> v, DType dtype) {

@@ -1,8 +1,11 @@
 #pragma once
 // Helpers shared by the GoogleTest files.
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -57,6 +60,19 @@ inline Tensor ids(DType dtype, int64_t n, const std::function<int64_t(int64_t)>&
 /// A 1-D CPU tensor of `dtype` holding `values` (rounded once for BF16).
 inline Tensor floats(const std::vector<float>& values, DType dtype) {
   return Tensor::from_floats(values, {static_cast<int64_t>(values.size())}, dtype);
+}
+
+/// Normal values with a fixed seed, at least `min_abs` away from zero (never
+/// zero, both signs): inputs for comparing an op against its reference.
+inline std::vector<float> random_floats(int64_t n, uint32_t seed, float stddev = 1.0f, float min_abs = 1e-3f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) {
+    x = dist(rng);
+    if (std::fabs(x) < min_abs) x = std::copysign(min_abs, x);
+  }
+  return v;
 }
 
 }  // namespace st::test
