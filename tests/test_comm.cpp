@@ -31,6 +31,7 @@ namespace {
 
 using test::floats;
 using test::ids;
+using test::rounding_input;
 using test::world;
 
 constexpr DType kAllDtypes[] = {DType::F32, DType::BF16, DType::I32};
@@ -232,20 +233,6 @@ TEST_P(CommFloat, MaxPropagatesNaN) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CommFloat, ::testing::Values(DType::F32, DType::BF16), dtype_test_name);
-
-/// Rank r's contribution to element j of the BF16 rounding test. Every value
-/// and every F32 sum is exact; rounding each partial sum to BF16 would lose
-/// the small terms (256 + 1 -> 256, 1 + 2^-8 -> 1), and rounding the sum
-/// before dividing by 3 would move element 4's average (1.359375 -> 1.3515625).
-float rounding_input(int r, int64_t j) {
-  switch (j) {
-    case 0: return r == 0 ? 256.0f : 1.0f;
-    case 1: return r == 0 ? 1.0f : 0.00390625f;  // 2^-8
-    case 2: return 1.0078125f;                   // 1 + 2^-7
-    case 3: return r == 0 ? -512.0f : 3.0f;
-    default: return r == 0 ? 1.0f : 1.5390625f;
-  }
-}
 
 TEST(CommBf16, SumAndAvgRoundOnce) {
   const int64_t n = 5;

@@ -45,6 +45,7 @@ using test::count_wrong;
 using test::error_of;
 using test::floats;
 using test::ids;
+using test::rounding_input;
 using test::world;
 
 constexpr DType kAllDtypes[] = {DType::F32, DType::BF16, DType::I32};
@@ -249,21 +250,6 @@ TEST_F(Nccl, MaxPropagatesNaNAndPrefersPositiveZero) {
     nccl().all_reduce(t, {.op = ReduceOp::Max}).wait();
     Tensor got = host(t);
     EXPECT_EQ(count_wrong(got, want_t), 0) << dtype << ": got " << ::testing::PrintToString(got.to_floats());
-  }
-}
-
-/// Rank r's contribution to element j of the BF16 rounding test (as in
-/// tests/test_comm.cpp): every value and every F32 sum is exact; rounding
-/// each partial sum to BF16 would lose the small terms (256 + 1 -> 256,
-/// 1 + 2^-8 -> 1), and rounding before the division by 3 would move element
-/// 4's average. At world size 1 the sum is the input itself.
-float rounding_input(int r, int64_t j) {
-  switch (j) {
-    case 0: return r == 0 ? 256.0f : 1.0f;
-    case 1: return r == 0 ? 1.0f : 0.00390625f;  // 2^-8
-    case 2: return 1.0078125f;                   // 1 + 2^-7
-    case 3: return r == 0 ? -512.0f : 3.0f;
-    default: return r == 0 ? 1.0f : 1.5390625f;
   }
 }
 

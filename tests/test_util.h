@@ -75,4 +75,20 @@ inline std::vector<float> random_floats(int64_t n, uint32_t seed, float stddev =
   return v;
 }
 
+/// Rank r's contribution to element j (0..4) of the BF16 rounding tests of
+/// the collectives. Every value and every F32 sum is exact; rounding each
+/// partial sum to BF16 would lose the small terms (256 + 1 -> 256,
+/// 1 + 2^-8 -> 1), and rounding the sum before dividing by 3 would move
+/// element 4's average (1.359375 -> 1.3515625). At world size 1 the sum is
+/// the input itself.
+inline float rounding_input(int r, int64_t j) {
+  switch (j) {
+    case 0: return r == 0 ? 256.0f : 1.0f;
+    case 1: return r == 0 ? 1.0f : 0.00390625f;  // 2^-8
+    case 2: return 1.0078125f;                   // 1 + 2^-7
+    case 3: return r == 0 ? -512.0f : 3.0f;
+    default: return r == 0 ? 1.0f : 1.5390625f;
+  }
+}
+
 }  // namespace st::test
