@@ -112,8 +112,6 @@ class ShardedModel {
   MemoryReport memory_report() const;
   const std::vector<UnitPlan>& units() const;
   int shard_group_size() const;
-  /// Where the sharded state and the computation live.
-  Device device() const;
 
  private:
   struct Impl;

@@ -555,7 +555,6 @@ std::vector<std::pair<std::string, std::vector<float>>> ShardedModel::full_param
 MemoryReport ShardedModel::memory_report() const { return impl_->memory_report(); }
 const std::vector<UnitPlan>& ShardedModel::units() const { return impl_->plans; }
 int ShardedModel::shard_group_size() const { return impl_->g; }
-Device ShardedModel::device() const { return impl_->device; }
 
 void ShardedModel::log_memory_table(int64_t optimizer_bytes) const {
   const Impl& m = *impl_;

@@ -86,8 +86,9 @@ void log_config(const Config& config, Logger& log) {
 // has a GPU of its own (NCCL refuses two ranks on one GPU); otherwise the
 // world group itself (MPI stages device tensors through host memory, which
 // lets tests run several ranks on one GPU; one process needs no communication).
-std::unique_ptr<ProcessGroup> device_group(ProcessGroup& world, Device device, int local_size) {
-  if (world.size() == 1 || !nccl_available()) return nullptr;
+std::unique_ptr<ProcessGroup> device_group(ProcessGroup& world, DeviceKind kind, Device device, int local_size) {
+  // train.device is the same on every rank, so a CPU run decides without a collective.
+  if (world.size() == 1 || !nccl_available() || kind == DeviceKind::Cpu) return nullptr;
   const bool own_gpu = device.is_cuda() && local_size <= cuda::device_count();
   // make_nccl_group is collective over the world, so every rank must take the
   // same branch; own_gpu is a per-host fact (device count, train.device:
@@ -126,7 +127,7 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   check_checkpoint_config(config, options.resume);
   const Device device = resolve_device(tc.device, options.local_rank);
   if (device.is_cuda()) cuda::set_device(device.index);
-  std::unique_ptr<ProcessGroup> gpu_group = device_group(world, device, local_size);
+  std::unique_ptr<ProcessGroup> gpu_group = device_group(world, tc.device, device, local_size);
   ProcessGroup& fsdp_group = gpu_group ? *gpu_group : world;
   Allocator& allocator = allocator_for(device);
 
@@ -180,7 +181,6 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
 
   TrainResult result;
   result.num_parameters = n_params;
-  result.device = device.str();
   int64_t consumed = 0;
   int64_t first_step = 0;
   TerminateHandler sigterm;

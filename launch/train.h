@@ -22,7 +22,6 @@ struct TrainResult {
   std::vector<double> losses;  // per completed step, mean over the global batch
   double tokens_per_s = 0;     // mean throughput over the steps after the first
   int64_t num_parameters = 0;
-  std::string device;      // "cpu" or "cuda:N", where this rank trained
   double mfu = -1;         // over the steps after the first; < 0 when unknown (CPU, unknown GPU)
   int64_t peak_bytes = 0;  // largest per-step peak of this rank's device allocator
 };
