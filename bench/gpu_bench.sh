@@ -203,14 +203,8 @@ gpu_step() {  # gpu_step NAME CAP COMMAND...: skipped, clearly, when the GPU or 
 
 # (a) every CUDA test (ops against the CPU reference, NCCL, the GPU training checks).
 gpu_step ctest_cuda 150 ctest --test-dir "$BUILD_DIR" -L cuda --output-on-failure --timeout 120
-# (b) GPU training tests under their own label, if a later issue adds one.
-if [[ -z $reason ]] && ctest --test-dir "$BUILD_DIR" -N -L gpu_train 2>/dev/null | grep -q "Test *#"; then
-  gpu_step ctest_gpu_train 120 ctest --test-dir "$BUILD_DIR" -L gpu_train --output-on-failure
-else
-  skip ctest_gpu_train "${reason:-no tests labelled gpu_train (train_gpu* run in ctest_cuda)}"
-fi
 
-# (c) our trainer, one GPU, recomputation off and full.
+# (b) our trainer, one GPU, recomputation off and full.
 for mode in none full; do
   gpu_step "ours_$mode" 110 "$BUILD_DIR/trainer" --config "$CONFIG" --steps "$STEPS" \
     --set train.global_batch_size="$MICRO_BATCH" --set train.micro_batch_size="$MICRO_BATCH" \
@@ -218,7 +212,7 @@ for mode in none full; do
     --set fsdp.activation_checkpointing.mode="$mode" --set logging.metrics_file="$logs/ours_$mode.jsonl"
 done
 
-# (d) the PyTorch FSDP2 peer on the same model, batch and sequence length.
+# (c) the PyTorch FSDP2 peer on the same model, batch and sequence length.
 for mode in eager compile; do
   for recompute in none full; do
     flags=()
@@ -233,7 +227,7 @@ for mode in eager compile; do
   done
 done
 
-# (e) collective bandwidth at world size 1 (NCCL's local path), when built.
+# (d) collective bandwidth at world size 1 (NCCL's local path), when built.
 if [[ -x $BUILD_DIR/nccl_bench ]]; then
   gpu_step nccl_bench 60 mpirun -np 1 "$BUILD_DIR/nccl_bench" --max-bytes 268435456
 else
