@@ -170,6 +170,14 @@ void visit_schema(C& c, V&& v) {
   v(Key("checkpoint.unified_checkpoint_config",
         "skip_save_model_weight | master_weight_compatible | enable_all_options", kUnifiedOptions),
     k.unified_checkpoint_config);
+  v(Key("checkpoint.strict",
+        "refuse a checkpoint whose tensors or config.json differ from the model; false warns about missing/unexpected "
+        "tensors"),
+    k.strict);
+
+  v(Key("comm.timeout_s",
+        "abort the job when a collective makes no progress for this long; 0 disables the watchdog"),
+    c.comm.timeout_s);
 
   auto& l = c.logging;
   v(Key("logging.interval", "print a step line every N steps"), l.interval);
@@ -683,6 +691,10 @@ void require(bool ok, std::string_view key, const T& value, std::string_view exp
   ST_CHECK(ok, "invalid value {} for '{}': expected {}", yaml_text(value), key, expected);
 }
 
+// The model and the optimizer compute in F32, so a value that does not survive
+// the cast to F32 (1e39 becomes Inf) is never meaningful.
+bool fits_f32(double v) { return std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max(); }
+
 bool in_choices(std::string_view v, std::span<const std::string_view> choices) {
   return std::find(choices.begin(), choices.end(), v) != choices.end();
 }
@@ -712,9 +724,11 @@ void Config::validate() const {
                    m.hidden_size, m.num_attention_heads, head_dim));
     require(m.max_position_embeddings > 0, "model.max_position_embeddings", m.max_position_embeddings,
             "a positive integer");
-    require(m.rope_theta > 0, "model.rope_theta", m.rope_theta, "a positive number");
-    require(m.rms_norm_eps > 0, "model.rms_norm_eps", m.rms_norm_eps, "a positive number");
-    require(m.init_std > 0, "model.init_std", m.init_std, "a positive number");
+    require(m.rope_theta > 0 && fits_f32(m.rope_theta), "model.rope_theta", m.rope_theta,
+            "a positive number within F32 range");
+    require(m.rms_norm_eps >= std::numeric_limits<float>::min() && m.rms_norm_eps < 1, "model.rms_norm_eps",
+            m.rms_norm_eps, "a number in [1.2e-38, 1)");
+    require(m.init_std > 0 && m.init_std <= 10, "model.init_std", m.init_std, "a number in (0, 10]");
     require(train.seq_len <= m.max_position_embeddings, "train.seq_len", train.seq_len,
             format("at most model.max_position_embeddings ({})", m.max_position_embeddings));
   }
@@ -731,13 +745,17 @@ void Config::validate() const {
           format("a file or directory (required when data.kind is {})", to_string(data.kind)));
 
   const auto& o = optim;
-  require(o.lr > 0 && std::isfinite(o.lr), "optim.lr", o.lr, "a positive number");
-  require(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "a non-negative number");
+  // Above 10 every model diverges in its first steps; the bound catches a
+  // mistyped exponent (3e4 for 3e-4) before it costs a run.
+  require(o.lr > 0 && o.lr <= 10, "optim.lr", o.lr, "a number in (0, 10]");
+  require(o.weight_decay >= 0 && o.weight_decay <= 10, "optim.weight_decay", o.weight_decay, "a number in [0, 10]");
   require(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1", o.beta1, "a number in [0, 1)");
   require(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2", o.beta2, "a number in [0, 1)");
-  require(o.eps > 0, "optim.eps", o.eps, "a positive number");
+  require(o.eps >= std::numeric_limits<float>::min() && o.eps < 1, "optim.eps", o.eps,
+          "a number in [1.2e-38, 1) (smaller is 0 in F32)");
   require(o.momentum >= 0 && o.momentum < 1, "optim.momentum", o.momentum, "a number in [0, 1)");
-  require(o.grad_clip >= 0, "optim.grad_clip", o.grad_clip, "a non-negative number (0 disables clipping)");
+  require(o.grad_clip >= 0 && fits_f32(o.grad_clip), "optim.grad_clip", o.grad_clip,
+          "a non-negative number within F32 range (0 disables clipping)");
   require(o.schedule.warmup_steps >= 0 && o.schedule.warmup_steps <= t.steps, "optim.schedule.warmup_steps",
           o.schedule.warmup_steps, format("an integer from 0 to train.steps ({})", t.steps));
   require(o.schedule.min_lr >= 0 && o.schedule.min_lr <= o.lr, "optim.schedule.min_lr", o.schedule.min_lr,
@@ -761,6 +779,9 @@ void Config::validate() const {
     require(in_choices(option, kUnifiedOptions), "checkpoint.unified_checkpoint_config", option,
             format("entries from {}{}", join(kUnifiedOptions, " | "), did_you_mean(option, kUnifiedOptions)));
   }
+
+  require(comm.timeout_s >= 0 && comm.timeout_s <= 1e7, "comm.timeout_s", comm.timeout_s,
+          "a number of seconds in [0, 1e7] (0 disables the watchdog)");
 
   require(logging.interval >= 1, "logging.interval", logging.interval, "a positive integer");
   require(in_choices(logging.level, kLogLevels), "logging.level", logging.level,

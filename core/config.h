@@ -146,8 +146,15 @@ struct CheckpointConfig {
   bool verify = true;                  // verify checksums on load
   std::string init_from;               // start from these model weights (HF directory or checkpoint), fresh optimizer
   std::vector<std::string> unified_checkpoint_config;  // skip_save_model_weight | master_weight_compatible | enable_all_options
+  bool strict = true;                  // refuse a checkpoint whose tensors or config.json differ from the model; false warns about missing/unexpected tensors
 
   bool operator==(const CheckpointConfig&) const = default;
+};
+
+struct CommConfig {
+  double timeout_s = 600;              // abort the job when a collective makes no progress for this long; 0 disables the watchdog
+
+  bool operator==(const CommConfig&) const = default;
 };
 
 struct LoggingConfig {
@@ -167,6 +174,7 @@ struct Config {
   OptimConfig optim;
   FsdpConfig fsdp;
   CheckpointConfig checkpoint;
+  CommConfig comm;
   LoggingConfig logging;
 
   /// Checks values that each field's parser cannot (ranges, cross-field

@@ -3,6 +3,7 @@
 // shipped configs/*.yaml and core/config.h are read from there.
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <string>
@@ -394,15 +395,33 @@ TEST(Config, ValidateNamesTheKey) {
   EXPECT_EQ(validate_error([](Config& c) { c.model.name = "gpt2"; }),
             "invalid value gpt2 for 'model.name': expected one of llama | toy");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.lr = 0; }),
-            "invalid value 0.0 for 'optim.lr': expected a positive number");
+            "invalid value 0.0 for 'optim.lr': expected a number in (0, 10]");
+  // Above the F32 range: the optimizer would compute with Inf.
+  EXPECT_EQ(validate_error([](Config& c) { c.optim.lr = 1e39; }),
+            "invalid value 1e+39 for 'optim.lr': expected a number in (0, 10]");
+  EXPECT_EQ(validate_error([](Config& c) { c.optim.lr = -3e-4; }),
+            "invalid value -0.0003 for 'optim.lr': expected a number in (0, 10]");
+  EXPECT_EQ(validate_error([](Config& c) { c.optim.lr = std::numeric_limits<double>::quiet_NaN(); }),
+            "invalid value .nan for 'optim.lr': expected a number in (0, 10]");
+  EXPECT_EQ(validate_error([](Config& c) { c.optim.eps = 1e-50; }),
+            "invalid value 1e-50 for 'optim.eps': expected a number in [1.2e-38, 1) (smaller is 0 in F32)");
+  EXPECT_EQ(validate_error([](Config& c) { c.optim.grad_clip = 1e300; }),
+            "invalid value 1e+300 for 'optim.grad_clip': expected a non-negative number within F32 range (0 "
+            "disables clipping)");
+  EXPECT_EQ(validate_error([](Config& c) { c.model.rope_theta = 1e39; }),
+            "invalid value 1e+39 for 'model.rope_theta': expected a positive number within F32 range");
+  EXPECT_EQ(validate_error([](Config& c) { c.comm.timeout_s = -1; }),
+            "invalid value -1.0 for 'comm.timeout_s': expected a number of seconds in [0, 1e7] (0 disables the "
+            "watchdog)");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.beta2 = 1.0; }),
             "invalid value 1.0 for 'optim.beta2': expected a number in [0, 1)");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.beta1 = -0.1; }),
             "invalid value -0.1 for 'optim.beta1': expected a number in [0, 1)");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.eps = 0; }),
-            "invalid value 0.0 for 'optim.eps': expected a positive number");
+            "invalid value 0.0 for 'optim.eps': expected a number in [1.2e-38, 1) (smaller is 0 in F32)");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.grad_clip = -1; }),
-            "invalid value -1.0 for 'optim.grad_clip': expected a non-negative number (0 disables clipping)");
+            "invalid value -1.0 for 'optim.grad_clip': expected a non-negative number within F32 range (0 "
+            "disables clipping)");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.schedule.warmup_steps = 101; }),
             "invalid value 101 for 'optim.schedule.warmup_steps': expected an integer from 0 to train.steps (100)");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.schedule.min_lr = 1e-3; }),
