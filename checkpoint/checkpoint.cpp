@@ -243,6 +243,27 @@ StagedSave::~StagedSave() = default;
 int64_t StagedSave::bytes() const { return impl_->bytes; }
 int64_t StagedSave::total_bytes() const { return impl_->total_bytes; }
 
+namespace {
+
+// Non-finite training state must never become a checkpoint: a run resumed
+// from it would fail at its first step, and `latest` would no longer name a
+// state worth resuming. The values were counted in the checksum's pass.
+void refuse_nonfinite(const std::vector<WrittenTensor>& written, const std::string& file) {
+  int bad_tensors = 0;
+  const WrittenTensor* first = nullptr;
+  for (const WrittenTensor& w : written) {
+    if (!w.nonfinite.any()) continue;
+    ++bad_tensors;
+    if (first == nullptr) first = &w;
+  }
+  if (first == nullptr) return;
+  ST_FAIL("non-finite values in tensor '{}' ({}): {} NaN and {} Inf, the first at element {}{}", first->name, file,
+          first->nonfinite.nan, first->nonfinite.inf, first->nonfinite.first,
+          bad_tensors > 1 ? format("; {} tensors of that file are non-finite", bad_tensors) : std::string());
+}
+
+}  // namespace
+
 void StagedSave::write() {
   Impl& s = *impl_;
   s.error = error_of([&] {
@@ -251,6 +272,7 @@ void StagedSave::write() {
       for (const PlannedTensor& t : f.tensors) writer.add(t.key, t.data);
       for (const auto& [k, v] : f.metadata) writer.set_metadata(k, v);
       std::vector<WrittenTensor> written = writer.write(join_path(s.dir, f.name));
+      refuse_nonfinite(written, f.name);
       json tensors = json::array();
       for (const WrittenTensor& w : written) tensors.push_back({w.name, w.crc32c, w.nbytes});
       s.written_list.push_back({{"family", f.family}, {"name", f.name}, {"tensors", tensors}});

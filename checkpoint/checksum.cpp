@@ -1,5 +1,6 @@
 #include "checkpoint/checksum.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstring>
@@ -96,6 +97,63 @@ uint32_t crc32c(std::span<const std::byte> data, uint32_t crc) {
   if (hardware) return crc32c_sse42(data.data(), data.size(), crc);
 #endif
   return crc32c_software(data, crc);
+}
+
+namespace {
+
+// Exponent all ones: Inf when the mantissa is zero, NaN otherwise.
+template <class Bits, Bits kExponent, Bits kMantissa>
+NonFinite count_bits(const std::byte* p, size_t n, int64_t first_index) {
+  NonFinite out;
+  // A branch-free count first (it vectorises), the detail only when something is there.
+  int64_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Bits b;
+    std::memcpy(&b, p + i * sizeof(Bits), sizeof(Bits));
+    bad += (b & kExponent) == kExponent;
+  }
+  if (bad == 0) return out;
+  for (size_t i = 0; i < n; ++i) {
+    Bits b;
+    std::memcpy(&b, p + i * sizeof(Bits), sizeof(Bits));
+    if ((b & kExponent) != kExponent) continue;
+    if (out.first < 0) out.first = first_index + static_cast<int64_t>(i);
+    ((b & kMantissa) != 0 ? out.nan : out.inf) += 1;
+  }
+  return out;
+}
+
+void merge(NonFinite& total, const NonFinite& part) {
+  if (total.first < 0) total.first = part.first;
+  total.nan += part.nan;
+  total.inf += part.inf;
+}
+
+}  // namespace
+
+NonFinite count_nonfinite(std::span<const std::byte> data, DType dtype, int64_t first_index) {
+  ST_CHECK(data.size() % dtype_size(dtype) == 0, "count_nonfinite: {} bytes is not a whole number of {} elements",
+           data.size(), dtype);
+  const size_t n = data.size() / dtype_size(dtype);
+  switch (dtype) {
+    case DType::F32: return count_bits<uint32_t, 0x7f800000u, 0x007fffffu>(data.data(), n, first_index);
+    case DType::BF16: return count_bits<uint16_t, uint16_t{0x7f80}, uint16_t{0x007f}>(data.data(), n, first_index);
+    case DType::I32: return {};
+  }
+  return {};
+}
+
+TensorScan crc32c_and_scan(std::span<const std::byte> data, DType dtype, uint32_t crc) {
+  // 64 KiB: checksummed, then counted while it is still in L2.
+  constexpr size_t kBlock = size_t{64} << 10;
+  static_assert(kBlock % 4 == 0);
+  TensorScan out{crc, {}};
+  for (size_t at = 0; at < data.size(); at += kBlock) {
+    const std::span<const std::byte> block = data.subspan(at, std::min(kBlock, data.size() - at));
+    out.crc32c = crc32c(block, out.crc32c);
+    merge(out.nonfinite, count_nonfinite(block, dtype, static_cast<int64_t>(at / dtype_size(dtype))));
+  }
+  return out;
 }
 
 }  // namespace st::checkpoint

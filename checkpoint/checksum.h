@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <span>
 
+#include "core/dtype.h"
+
 namespace st::checkpoint {
 
 /// CRC32C of `data`, continuing from `crc` (the result of a previous call, or 0
@@ -21,5 +23,28 @@ bool crc32c_hardware_available();
 
 /// SSE4.2 implementation; throws st::Error unless crc32c_hardware_available().
 uint32_t crc32c_hardware(std::span<const std::byte> data, uint32_t crc = 0);
+
+/// Non-finite elements of F32 or BF16 data (I32 has none).
+struct NonFinite {
+  int64_t nan = 0;
+  int64_t inf = 0;
+  int64_t first = -1;  // element index of the first non-finite element; -1 when there is none
+  bool any() const { return first >= 0; }
+};
+
+/// The CRC32C of a tensor's bytes and its non-finite elements.
+struct TensorScan {
+  uint32_t crc32c = 0;
+  NonFinite nonfinite;
+};
+
+/// CRC32C of `data` (elements of `dtype`) and its non-finite elements, in one
+/// pass: the data is walked in blocks that stay in cache, each checksummed and
+/// then counted, so checking for NaN/Inf reads no byte from memory twice.
+/// `data.size()` must be a multiple of the element size.
+TensorScan crc32c_and_scan(std::span<const std::byte> data, DType dtype, uint32_t crc = 0);
+
+/// Non-finite elements of `data` alone (no checksum); element indices start at `first_index`.
+NonFinite count_nonfinite(std::span<const std::byte> data, DType dtype, int64_t first_index = 0);
 
 }  // namespace st::checkpoint

@@ -190,7 +190,8 @@ std::vector<WrittenTensor> SafetensorsWriter::write(const std::string& path) con
     write_all(fd.get(), head.data(), head.size(), path);
     uint64_t offset = data_start;
     for (const Entry& e : entries_) {
-      written.push_back({e.name, offset, e.bytes.size(), crc32c(e.bytes)});
+      const TensorScan scan = crc32c_and_scan(e.bytes, e.dtype);
+      written.push_back({e.name, offset, e.bytes.size(), scan.crc32c, scan.nonfinite});
       write_all(fd.get(), e.bytes.data(), e.bytes.size(), path);
       offset += e.bytes.size();
     }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checksum.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 
@@ -61,6 +62,7 @@ struct WrittenTensor {
   uint64_t offset = 0;  // absolute file offset of the first byte
   uint64_t nbytes = 0;
   uint32_t crc32c = 0;  // of the tensor's bytes, as written
+  NonFinite nonfinite;  // NaN/Inf elements, counted in the checksum's pass
 };
 
 /// Collects tensors and metadata, then writes one file. Tensors are laid out

@@ -171,12 +171,10 @@ void visit_schema(C& c, V&& v) {
         "skip_save_model_weight | master_weight_compatible | enable_all_options", kUnifiedOptions),
     k.unified_checkpoint_config);
   v(Key("checkpoint.strict",
-        "refuse a checkpoint whose tensors or config.json differ from the model; false warns about missing/unexpected "
-        "tensors"),
+        "refuse a checkpoint holding tensors the model lacks or whose config.json differs from model.*; false warns"),
     k.strict);
 
-  v(Key("comm.timeout_s",
-        "abort the job when a collective makes no progress for this long; 0 disables the watchdog"),
+  v(Key("comm.timeout_s", "abort the job when a collective makes no progress for this long; 0 disables the watchdog"),
     c.comm.timeout_s);
 
   auto& l = c.logging;

@@ -146,7 +146,7 @@ struct CheckpointConfig {
   bool verify = true;                  // verify checksums on load
   std::string init_from;               // start from these model weights (HF directory or checkpoint), fresh optimizer
   std::vector<std::string> unified_checkpoint_config;  // skip_save_model_weight | master_weight_compatible | enable_all_options
-  bool strict = true;                  // refuse a checkpoint whose tensors or config.json differ from the model; false warns about missing/unexpected tensors
+  bool strict = true;                  // refuse a checkpoint holding tensors the model lacks or whose config.json differs from model.*; false warns
 
   bool operator==(const CheckpointConfig&) const = default;
 };

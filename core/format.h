@@ -4,6 +4,7 @@
 // may give alignment '<' or '>', a width and ".N" precision with 'f' or 'e'
 // ("{:<20}", "{:>8.3f}", "{:.2e}"). "{{" and "}}" are literal braces.
 // Arguments left over are appended; placeholders left over stay as "{}".
+#include <cstdint>
 #include <iomanip>
 #include <sstream>
 #include <string>
@@ -84,6 +85,16 @@ std::string format(std::string_view fmt, Args&&... args) {
   std::ostringstream os;
   detail::format_rest(os, fmt, std::forward<Args>(args)...);
   return os.str();
+}
+
+/// A byte count for people, in powers of 1000: "812 B", "45.3 kB", "12.3 MB", "1.25 GB", "3.10 TB".
+inline std::string human_bytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes < 1000) return format("{} B", bytes);
+  if (bytes < 1000 * 1000) return format("{:.1f} kB", b / 1e3);
+  if (bytes < int64_t{1000} * 1000 * 1000) return format("{:.1f} MB", b / 1e6);
+  if (bytes < int64_t{1000} * 1000 * 1000 * 1000) return format("{:.2f} GB", b / 1e9);
+  return format("{:.2f} TB", b / 1e12);
 }
 
 }  // namespace st

@@ -10,8 +10,10 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/checksum.h"
 #include "checkpoint/commit.h"
 #include "core/error.h"
 
@@ -118,6 +120,64 @@ std::string resolve_checkpoint_dir(const std::string& path, Logger& log) {
   return path;
 }
 
+// A checkpoint that does not fit this run (other model shape, finished run).
+// Unlike a damaged one it is never a reason to fall back to an older checkpoint:
+// those would not fit either, or would silently undo the user's choice.
+class Misfit : public Error {
+ public:
+  using Error::Error;
+};
+
+[[noreturn]] void throw_misfit(const std::string& message) { throw Misfit(message, __FILE__, __LINE__); }
+
+std::string join(const std::vector<std::string>& parts, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? std::string(sep) : std::string()) + parts[i];
+  return out;
+}
+
+// "a, b, c and 4 more".
+std::string name_list(const std::set<std::string>& names, size_t shown = 6) {
+  std::string out;
+  size_t i = 0;
+  for (const std::string& n : names) {
+    if (i == shown) return out + format(" and {} more", names.size() - shown);
+    out += (i++ ? ", " : "") + n;
+  }
+  return out;
+}
+
+// What `latest` names now, for messages about a save that did not commit.
+std::string latest_note(const std::string& root) {
+  std::ifstream in(fs::path(root) / checkpoint::latest_file_name);
+  std::string name;
+  if (in >> name) return format("latest still names {}", name);
+  return "no checkpoint was committed before";
+}
+
+// trainer_state.json's integer `key`: present, an integer, 0 <= value < 2^53 (JSON's exact range).
+int64_t state_count(const json& state, const char* key, const std::string& state_path) {
+  ST_CHECK(state.contains(key), "{} lacks '{}'", state_path, key);
+  const json& v = state.at(key);
+  ST_CHECK(v.is_number_integer() && (v.is_number_unsigned() || v.get<int64_t>() >= 0) &&
+               v.get<uint64_t>() < (uint64_t{1} << 53),
+           "{} is corrupt: '{}' is {}, expected a non-negative integer", state_path, key, v.dump());
+  return v.get<int64_t>();
+}
+
+// The first non-finite value of loaded state, or an empty string.
+std::string nonfinite_problem(const std::vector<StateEntry>& entries) {
+  for (const StateEntry& e : entries) {
+    const auto* p = static_cast<const std::byte*>(e.local.raw_data());
+    const checkpoint::NonFinite bad =
+        checkpoint::count_nonfinite(std::span(p, e.local.nbytes()), e.local.dtype(), e.begin);
+    if (bad.any())
+      return format("tensor '{}' ({}) holds {} NaN and {} Inf values (the first at element {})", e.fqn, e.kind, bad.nan,
+                    bad.inf, bad.first);
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string hf_llama_config_json(const ModelConfig& m, std::string_view torch_dtype) {
@@ -169,9 +229,56 @@ struct Checkpointer::InFlight {
   int64_t total_bytes = 0;
 };
 
+std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& config, ProcessGroup& world) {
+  const std::string& dir = config.checkpoint.dir;
+  if (dir.empty()) return std::nullopt;
+  // The probe first, so an unusable directory is reported as such rather than
+  // as a lock file that cannot be created; its file names are this process's
+  // own, so probing a directory another job holds disturbs nothing.
+  on_every_rank(world, [&] {
+    try {
+      checkpoint::probe_writable_dir(dir, format(".probe-rank{}-pid{}", world.rank(), ::getpid()));
+    } catch (const Error& e) {
+      ST_FAIL("checkpoint.dir {}", e.message());
+    }
+  });
+  std::optional<checkpoint::DirectoryLock> lock;
+  on_every_rank(world, [&] {
+    if (world.rank() != 0) return;
+    try {
+      lock.emplace(dir);
+    } catch (const Error& e) {
+      ST_FAIL("checkpoint.dir {}", e.message());
+    }
+  });
+  return lock;
+}
+
 Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, optim::Optimizer& optimizer,
-                           ProcessGroup& world, Logger& log)
-    : config_(config), model_(model), optimizer_(optimizer), world_(world), log_(log) {}
+                           ProcessGroup& world, Logger& log, int64_t num_parameters)
+    : config_(config), model_(model), optimizer_(optimizer), world_(world), log_(log) {
+  const CheckpointConfig& c = config.checkpoint;
+  if (c.dir.empty()) return;
+  // What one save writes: F32 master weights (unless F32 model weights stand
+  // in for them), the model weights (unified), and every optimizer state kind.
+  const bool unified = c.format == CheckpointFormat::Unified;
+  const bool skip_model = has_option(c, kSkipModelWeight);
+  const DType dtype = model_dtype(config);
+  int64_t per_param = 4 * static_cast<int64_t>(model.segments().empty() ? 0 : optimizer.state(0).size());
+  if (unified && !skip_model) per_param += static_cast<int64_t>(dtype_size(dtype));
+  if (!unified || skip_model || dtype != DType::F32) per_param += 4;
+  const int64_t need = per_param * num_parameters;
+  on_every_rank(world_, [&] {
+    const int64_t free = checkpoint::free_bytes(c.dir);
+    ST_CHECK(free >= need,
+             "checkpoint.dir '{}' has {} free, less than one checkpoint of this run needs (about {}); free some "
+             "space or choose another directory",
+             c.dir, human_bytes(free), human_bytes(need));
+    if (free < 2 * need && world_.rank() == 0)
+      log_.warn("checkpoint.dir '{}' has {} free, room for fewer than two checkpoints of about {} each", c.dir,
+                human_bytes(free), human_bytes(need));
+  });
+}
 
 Checkpointer::~Checkpointer() {
   if (in_flight_ && in_flight_->writer.joinable()) in_flight_->writer.join();
@@ -251,7 +358,14 @@ void Checkpointer::finish_in_flight() {
   if (!in_flight_) return;
   std::unique_ptr<InFlight> f = std::move(in_flight_);
   if (f->writer.joinable()) f->writer.join();
-  std::vector<std::string> files = f->staged->finish();
+  std::vector<std::string> files;
+  try {
+    files = f->staged->finish();
+  } catch (const Error& e) {
+    // Destroying `f` removes the temporary directory; `latest` never moved.
+    ST_FAIL("checkpoint of step {} was not committed ({}): {}", f->step, latest_note(config_.checkpoint.dir),
+            e.message());
+  }
   on_every_rank(world_, [&] {
     if (world_.rank() != 0) return;
     const std::string dir = f->pending->path().string();
@@ -290,14 +404,18 @@ std::optional<ResumePoint> Checkpointer::load(const std::string& resume) {
       log_.info0("--resume auto: no complete checkpoint in {}; starting from step 0", c.dir);
     } else {
       if (!choice->note.empty()) log_.warn0("--resume auto: {}", choice->note);
-      // A checkpoint that is complete but fails to load (a checksum, a damaged
-      // file) is reported and skipped for the next older complete one.
+      // A complete checkpoint that fails to load for a data reason (a checksum,
+      // a damaged file, non-finite values) is reported and skipped for the next
+      // older complete one; each is tried once. One that does not fit the run
+      // (Misfit) ends the run: an older one would not fit either.
       std::vector<int64_t> steps = checkpoint::complete_steps(c.dir);
       std::string path = choice->path;
       for (auto it = steps.rbegin();; ++it) {
         if (it != steps.rend() && *it >= choice->step) continue;
         try {
           return load_from(path, false);
+        } catch (const Misfit&) {
+          throw;
         } catch (const Error& e) {
           if (it == steps.rend()) throw;
           const std::string next = (fs::path(c.dir) / checkpoint::step_dir_name(*it)).string();
@@ -313,16 +431,120 @@ std::optional<ResumePoint> Checkpointer::load(const std::string& resume) {
   return load_from(resolve_checkpoint_dir(c.init_from, log_), true);
 }
 
+namespace {
+
+// (FQN, kind) of every entry on any rank: the fit of a checkpoint is judged on
+// the whole model, identically on every rank.
+std::set<std::pair<std::string, std::string>> all_entry_ids(const std::vector<StateEntry>& entries,
+                                                            ProcessGroup& world) {
+  json mine = json::array();
+  for (const StateEntry& e : entries) mine.push_back({e.fqn, e.kind});
+  std::set<std::pair<std::string, std::string>> ids;
+  for (const std::string& text : all_gather_strings(world, mine.dump()))
+    for (const json& id : json::parse(text)) ids.emplace(id[0].get<std::string>(), id[1].get<std::string>());
+  return ids;
+}
+
+// Differences between a checkpoint's config.json and the run's model.* keys
+// (the fields that decide the tensors or their meaning).
+std::vector<std::string> config_differences(const std::string& dir, const ModelConfig& m) {
+  const fs::path path = fs::path(dir) / kHfConfig;
+  std::error_code ec;
+  if (m.name != "llama" || !fs::is_regular_file(path, ec)) return {};
+  json hf;
+  std::ifstream in(path);
+  try {
+    in >> hf;
+  } catch (const json::exception& e) {
+    ST_FAIL("{} is not valid JSON: {}", path.string(), e.what());
+  }
+  ST_CHECK(hf.is_object(), "{} is not a JSON object", path.string());
+  std::vector<std::string> out;
+  auto compare = [&](const char* hf_key, const char* our_key, const json& ours, const json& fallback) {
+    const json theirs = hf.contains(hf_key) ? hf.at(hf_key) : fallback;
+    if (theirs.is_null()) return;
+    const bool same =
+        theirs.is_number() && ours.is_number() ? theirs.get<double>() == ours.get<double>() : theirs == ours;
+    if (!same) out.push_back(format("{} {} (model.{} {})", hf_key, theirs.dump(), our_key, ours.dump()));
+  };
+  compare("vocab_size", "vocab_size", m.vocab_size, nullptr);
+  compare("hidden_size", "hidden_size", m.hidden_size, nullptr);
+  compare("intermediate_size", "intermediate_size", m.intermediate_size, nullptr);
+  compare("num_hidden_layers", "num_hidden_layers", m.num_hidden_layers, nullptr);
+  compare("num_attention_heads", "num_attention_heads", m.num_attention_heads, nullptr);
+  // Hugging Face's defaults where a config.json leaves a key out.
+  compare("num_key_value_heads", "num_key_value_heads", m.num_key_value_heads,
+          hf.value("num_attention_heads", json(nullptr)));
+  compare("tie_word_embeddings", "tie_word_embeddings", m.tie_word_embeddings, false);
+  compare("rope_theta", "rope_theta", m.rope_theta, 10000.0);
+  return out;
+}
+
+}  // namespace
+
+void Checkpointer::check_fit(const std::string& path, const checkpoint::Catalog& catalog,
+                             const std::vector<StateEntry>& entries, bool init) {
+  const std::set<std::pair<std::string, std::string>> needed = all_entry_ids(entries, world_);
+  std::set<std::string> fqns, kinds{std::string(checkpoint::kModelKind), std::string(checkpoint::kMasterKind)};
+  for (const auto& [fqn, kind] : needed) {
+    fqns.insert(fqn);
+    kinds.insert(kind);
+  }
+  std::set<std::string> missing, unexpected;
+  for (const auto& [fqn, kind] : needed) {
+    const bool from_model =
+        kind == checkpoint::kMasterKind && catalog.tensors.contains({fqn, std::string(checkpoint::kModelKind)});
+    if (!catalog.tensors.contains({fqn, kind}) && !from_model) missing.insert(fqn + " (" + kind + ")");
+  }
+  for (const auto& [id, stored] : catalog.tensors) {
+    if (!fqns.contains(id.first))
+      unexpected.insert(id.first);
+    else if (!init && !kinds.contains(id.second))
+      unexpected.insert(id.first + " (" + id.second + ")");
+  }
+  std::vector<std::string> config_diff;
+  std::string error;
+  try {
+    config_diff = config_differences(path, config_.model);
+  } catch (const Error& e) {
+    error = e.message();
+  }
+  ST_CHECK(error.empty(), "{}", error);
+
+  std::vector<std::string> problems;
+  if (!config_diff.empty()) problems.push_back("its config.json differs from the run: " + join(config_diff, ", "));
+  if (!unexpected.empty())
+    problems.push_back(
+        format("{} tensor(s) of the checkpoint are not in the model: {}", unexpected.size(), name_list(unexpected)));
+  const bool strict = config_.checkpoint.strict;
+  if (!missing.empty()) {
+    problems.push_back(
+        format("{} tensor(s) the run needs are missing from it: {}", missing.size(), name_list(missing)));
+    throw_misfit(format("checkpoint {} does not fit this run: {}", path, join(problems, "; ")));
+  }
+  if (!problems.empty() && strict)
+    throw_misfit(
+        format("checkpoint {} does not fit this run: {} (checkpoint.strict: false loads it anyway, "
+               "ignoring these)",
+               path, join(problems, "; ")));
+  if (!problems.empty()) log_.warn0("checkpoint {} (checkpoint.strict: false): {}", path, join(problems, "; "));
+}
+
 ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
   const CheckpointConfig& c = config_.checkpoint;
   const auto t0 = Clock::now();
   ResumePoint point{0, 0, path};
   json state;
   int64_t bytes = 0;
-  std::string format;
+  int64_t optimizer_steps = 0;
+  checkpoint::Catalog catalog;
+  std::vector<StateEntry> entries = training_state(model_, optimizer_, !init);
+  // Nothing but indexes and headers is read before the fit is checked.
   on_every_rank(world_, [&] {
     if (!init) {
       const std::string state_path = path + "/" + kTrainerState;
+      std::error_code ec;
+      ST_CHECK(fs::is_regular_file(state_path, ec), "cannot read {} (is {} a checkpoint directory?)", state_path, path);
       std::ifstream in(state_path);
       ST_CHECK(in.good(), "cannot read {} (is {} a checkpoint directory?)", state_path, path);
       try {
@@ -330,42 +552,53 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
       } catch (const json::exception& e) {
         ST_FAIL("{} is not valid JSON: {}", state_path, e.what());
       }
-      ST_CHECK(state.is_object() && state.contains("step") && state.contains("consumed_samples") &&
-                   state.contains("optimizer_steps"),
-               "{} lacks step, consumed_samples or optimizer_steps", state_path);
-      point.step = state["step"].get<int64_t>();
-      point.consumed = state["consumed_samples"].get<int64_t>();
+      ST_CHECK(state.is_object(), "{} is not a JSON object", state_path);
+      point.step = state_count(state, "step", state_path);
+      point.consumed = state_count(state, "consumed_samples", state_path);
+      optimizer_steps = state_count(state, "optimizer_steps", state_path);
     }
-    checkpoint::Catalog catalog = checkpoint::read_catalog(path);
-    format = catalog.format;
+    catalog = checkpoint::read_catalog(path);
+  });
+  check_fit(path, catalog, entries, init);
+  if (!init && point.step >= config_.train.steps) {
+    throw_misfit(
+        format("checkpoint {} is at step {}, the run ends at step {} (train.steps){}; raise train.steps "
+               "(e.g. --steps {}) to train further",
+               path, point.step, config_.train.steps, point.step == config_.train.steps ? ": this run is finished" : "",
+               point.step + config_.train.steps));
+  }
+  on_every_rank(world_, [&] {
     checkpoint::LoadOptions options;
     options.verify = c.verify;
     options.verify_rank = world_.rank();
     options.verify_world = world_.size();
     // Starting from model weights (init_from) may always derive the master weights from them.
     options.master_from_model = init || has_option(c, kMasterCompatible);
-    std::vector<StateEntry> entries = training_state(model_, optimizer_, !init);
     for (const StateEntry& e : entries) bytes += static_cast<int64_t>(e.local.nbytes());
+    std::string bad;
     if (any_on_device(entries)) {
       std::vector<StateEntry> host = on_host(entries);
       checkpoint::load_entries(catalog, host, options);
-      copy_back(entries, host);
+      bad = nonfinite_problem(host);
+      if (bad.empty()) copy_back(entries, host);
     } else {
       checkpoint::load_entries(catalog, entries, options);
+      bad = nonfinite_problem(entries);
     }
+    ST_CHECK(bad.empty(), "{}: {}", path, bad);
   });
-  if (!init) optimizer_.set_step_count(state["optimizer_steps"].get<int64_t>());
+  if (!init) optimizer_.set_step_count(optimizer_steps);
   Tensor total = Tensor::full({1}, static_cast<double>(bytes), DType::F32);
   world_.all_reduce(total).wait();
   const double secs = since(t0);
   const double mb = total.data<float>()[0] / 1e6;
   if (init) {
     log_.info0("initialised the weights from {} ({} layout): {:.2f} MB in {:.3f} s; fresh optimizer, step 0", path,
-               format, mb, secs);
+               catalog.format, mb, secs);
   } else {
     log_.info0("resumed from {} (step {}, {} layout, saved by {} rank(s) with {}): {:.2f} MB in {:.3f} s", path,
-               point.step, format, state.value("world_size", 0), state.value("sharding_strategy", std::string("?")), mb,
-               secs);
+               point.step, catalog.format, state.value("world_size", 0),
+               state.value("sharding_strategy", std::string("?")), mb, secs);
   }
   return point;
 }

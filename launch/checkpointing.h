@@ -9,11 +9,16 @@
 #include <optional>
 #include <string>
 
+#include "checkpoint/dir_guard.h"
 #include "core/comm.h"
 #include "core/config.h"
 #include "core/log.h"
 #include "fsdp/fsdp.h"
 #include "optim/optimizer.h"
+
+namespace st::checkpoint {
+struct Catalog;
+}
 
 namespace st::launch {
 
@@ -28,12 +33,23 @@ struct ResumePoint {
 /// unified_checkpoint_config options, --resume auto without checkpoint.dir.
 void check_checkpoint_config(const Config& config, const std::string& resume);
 
+/// Start-up checks of checkpoint.dir, before the model is built, so a run that
+/// could not save fails in its first second: rank 0 takes the directory's lock
+/// (held by the returned object for the run: a second job on the same
+/// directory fails here), every rank creates the directory and writes, fsyncs
+/// and removes a probe file. Collective; every rank throws the same error,
+/// naming checkpoint.dir. nullopt when checkpoint.dir is empty or on ranks
+/// other than 0.
+std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& config, ProcessGroup& world);
+
 /// Owns the saves of one run. Every method is collective over `world` and
 /// must be called by all ranks at the same point of the run.
 class Checkpointer {
  public:
+  /// Checks the free space under checkpoint.dir against the size of one
+  /// checkpoint of `num_parameters` (an error below 1x, a warning below 2x).
   Checkpointer(const Config& config, fsdp::ShardedModel& model, optim::Optimizer& optimizer, ProcessGroup& world,
-               Logger& log);
+               Logger& log, int64_t num_parameters);
   /// Waits for a save still being written (without committing it when the
   /// run is failing: only wait() commits).
   ~Checkpointer();
@@ -58,18 +74,27 @@ class Checkpointer {
 
   /// `resume`: "never" -> nullopt; "auto" -> the newest complete checkpoint
   /// under checkpoint.dir (a broken `latest`, or a checkpoint that fails to
-  /// load, e.g. on a checksum, is reported and the next older complete one
-  /// tried), or nullopt when there is none; anything else is a checkpoint directory that
-  /// must load. Fills master weights and optimizer state in place. When
-  /// nothing is resumed and checkpoint.init_from is set, loads only the
-  /// weights from there (a Hugging Face directory or a checkpoint) and keeps
-  /// the fresh optimizer; that returns a point at step 0.
+  /// load for a data reason: checksum, shape, non-finite values, a damaged
+  /// file or trainer_state.json, is reported and the next older complete one
+  /// tried, each at most once), or nullopt when there is none; anything else
+  /// is a checkpoint directory that must load. Fills master weights and
+  /// optimizer state in place. When nothing is resumed and
+  /// checkpoint.init_from is set, loads only the weights from there (a Hugging
+  /// Face directory or a checkpoint) and keeps the fresh optimizer; that
+  /// returns a point at step 0.
+  /// Before any tensor is read, the checkpoint is compared with the run
+  /// (never a reason to fall back): tensors the model needs but the
+  /// checkpoint lacks are an error; tensors the model lacks and a config.json
+  /// that disagrees with model.* are errors too unless checkpoint.strict is
+  /// false (then warnings); a checkpoint at or past train.steps is an error.
   std::optional<ResumePoint> load(const std::string& resume);
 
  private:
   struct InFlight;
   void finish_in_flight();
   ResumePoint load_from(const std::string& path, bool init);
+  void check_fit(const std::string& path, const checkpoint::Catalog& catalog, const std::vector<StateEntry>& entries,
+                 bool init);
 
   const Config& config_;
   fsdp::ShardedModel& model_;

@@ -44,15 +44,6 @@ std::string hex8(uint32_t v) {
   return buf;
 }
 
-/// "812 B", "45.3 kB", "12.3 MB", "1.25 GB".
-std::string human_bytes(int64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (bytes < 1000) return format("{} B", bytes);
-  if (bytes < 1000 * 1000) return format("{:.1f} kB", b / 1e3);
-  if (bytes < int64_t{1000} * 1000 * 1000) return format("{:.1f} MB", b / 1e6);
-  return format("{:.2f} GB", b / 1e9);
-}
-
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
 /// Orders digit runs by value, so that layers.2 comes before layers.10.
@@ -282,12 +273,20 @@ FileCheck check_file(const fs::path& dir, const std::string& name, const std::ve
       continue;
     }
     uint32_t crc = 0;
+    checkpoint::NonFinite bad;
     try {
+      const uint64_t esize = dtype_size(info.dtype);
       for (uint64_t at = 0; at < info.nbytes; at += kBlock) {
         const uint64_t n = std::min(kBlock, info.nbytes - at);
         buffer.resize(n);
         file->read(c.key, at, n, buffer.data());
-        crc = checkpoint::crc32c(std::span<const std::byte>(buffer.data(), n), crc);
+        const std::span<const std::byte> block(buffer.data(), n);
+        crc = checkpoint::crc32c(block, crc);
+        const checkpoint::NonFinite part =
+            checkpoint::count_nonfinite(block, info.dtype, c.begin + static_cast<int64_t>(at / esize));
+        if (!bad.any()) bad.first = part.first;
+        bad.nan += part.nan;
+        bad.inf += part.inf;
       }
     } catch (const Error& e) {
       out.problems.push_back(format("{}: {} cannot be read: {}", name, label, e.message()));
@@ -298,6 +297,10 @@ FileCheck check_file(const fs::path& dir, const std::string& name, const std::ve
     if (ref.tensor->checksummed && crc != c.crc32c)
       out.problems.push_back(
           format("{}: {} fails its checksum (crc32c {}, the index says {})", name, label, hex8(crc), hex8(c.crc32c)));
+    // Training state is never saved non-finite; a value that is would make a resumed run fail at once.
+    if (bad.any())
+      out.problems.push_back(format("{}: {} holds non-finite values: {} NaN and {} Inf, the first at element {}", name,
+                                    label, bad.nan, bad.inf, bad.first));
   }
   return out;
 }

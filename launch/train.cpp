@@ -125,6 +125,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   const TrainConfig& tc = config.train;
   const int64_t accum = accumulation_steps(tc, world.size());
   check_checkpoint_config(config, options.resume);
+  // Held for the whole run: a second job on the same checkpoint.dir fails here.
+  const std::optional<checkpoint::DirectoryLock> dir_lock = prepare_checkpoint_dir(config, world);
   const Device device = resolve_device(tc.device, options.local_rank);
   if (device.is_cuda()) cuda::set_device(device.index);
   std::unique_ptr<ProcessGroup> gpu_group = device_group(world, tc.device, device, local_size);
@@ -184,7 +186,7 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   int64_t consumed = 0;
   int64_t first_step = 0;
   TerminateHandler sigterm;
-  Checkpointer checkpointer(config, sharded, *optimizer, world, log);
+  Checkpointer checkpointer(config, sharded, *optimizer, world, log, n_params);
   if (std::optional<ResumePoint> point = checkpointer.load(options.resume)) {
     first_step = point->step;
     consumed = point->consumed;
@@ -234,8 +236,12 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     loss_work.wait();
     const double loss = loss_sum.data<float>()[0] / static_cast<double>(count);
     const double grad_norm = std::sqrt(sharded.grad_norm_squared());
-    ST_CHECK(std::isfinite(grad_norm), "step {}: the gradient norm is {} (loss {}); lower optim.lr or check the data",
-             step + 1, grad_norm, loss);
+    // Every rank sees the same loss and norm (both reduced over the world), so all stop together.
+    ST_CHECK(std::isfinite(loss) && std::isfinite(grad_norm),
+             "step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, so no non-finite "
+             "state is saved{}; lower optim.lr or check the data",
+             step + 1, loss, grad_norm,
+             config.checkpoint.dir.empty() ? std::string() : " (the last checkpoint in checkpoint.dir stays latest)");
     const double clip = optim::clip_coefficient(grad_norm, config.optim.grad_clip);
     if (clip < 1.0) {
       for (const optim::Segment& segment : sharded.segments()) optim::scale_grad(segment, clip);

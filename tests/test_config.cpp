@@ -286,9 +286,10 @@ TEST(Config, WrongTypes) {
             "bad value for 'fsdp' at test.yaml:1: got 'FULL_SHARD', expected a map of its keys (sharding_strategy, "
             "shard_group_size, auto_wrap, mixed_precision, activation_checkpointing, forward_prefetch, "
             "limit_all_gathers)");
-  EXPECT_EQ(load_error("- model\n"),
-            "expected a map of sections (model, train, data, optim, fsdp, checkpoint, logging) at the top level of "
-            "test.yaml, got a list");
+  EXPECT_EQ(
+      load_error("- model\n"),
+      "expected a map of sections (model, train, data, optim, fsdp, checkpoint, comm, logging) at the top level of "
+      "test.yaml, got a list");
 }
 
 TEST(Config, EnumTypoSuggestsTheClosestValue) {
@@ -398,18 +399,18 @@ TEST(Config, ValidateNamesTheKey) {
             "invalid value 0.0 for 'optim.lr': expected a number in (0, 10]");
   // Above the F32 range: the optimizer would compute with Inf.
   EXPECT_EQ(validate_error([](Config& c) { c.optim.lr = 1e39; }),
-            "invalid value 1e+39 for 'optim.lr': expected a number in (0, 10]");
+            "invalid value 1.0e+39 for 'optim.lr': expected a number in (0, 10]");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.lr = -3e-4; }),
             "invalid value -0.0003 for 'optim.lr': expected a number in (0, 10]");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.lr = std::numeric_limits<double>::quiet_NaN(); }),
             "invalid value .nan for 'optim.lr': expected a number in (0, 10]");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.eps = 1e-50; }),
-            "invalid value 1e-50 for 'optim.eps': expected a number in [1.2e-38, 1) (smaller is 0 in F32)");
+            "invalid value 1.0e-50 for 'optim.eps': expected a number in [1.2e-38, 1) (smaller is 0 in F32)");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.grad_clip = 1e300; }),
-            "invalid value 1e+300 for 'optim.grad_clip': expected a non-negative number within F32 range (0 "
+            "invalid value 1.0e+300 for 'optim.grad_clip': expected a non-negative number within F32 range (0 "
             "disables clipping)");
   EXPECT_EQ(validate_error([](Config& c) { c.model.rope_theta = 1e39; }),
-            "invalid value 1e+39 for 'model.rope_theta': expected a positive number within F32 range");
+            "invalid value 1.0e+39 for 'model.rope_theta': expected a positive number within F32 range");
   EXPECT_EQ(validate_error([](Config& c) { c.comm.timeout_s = -1; }),
             "invalid value -1.0 for 'comm.timeout_s': expected a number of seconds in [0, 1e7] (0 disables the "
             "watchdog)");
@@ -500,7 +501,7 @@ TEST(Config, ToYamlRoundTrips) {
 TEST(Config, ConfigKeysCoverEveryKeyOnce) {
   const std::vector<ConfigKeyDoc> keys = config_keys();
   // 12 model + 6 train + 3 data + 11 optim + 11 fsdp + 8 checkpoint + 3 logging.
-  EXPECT_EQ(keys.size(), 54u);
+  EXPECT_EQ(keys.size(), 56u);
   std::set<std::string> names;
   for (const ConfigKeyDoc& k : keys) {
     EXPECT_TRUE(names.insert(k.key).second) << "duplicate " << k.key;

@@ -1,0 +1,134 @@
+#include "checkpoint/dir_guard.h"
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+namespace st::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// From linux/magic.h: file systems that look like directories but store nothing.
+constexpr long kProcMagic = 0x9fa0;
+constexpr long kSysfsMagic = 0x62656572;
+
+std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+// Why `root` cannot be created: names the ancestor that is not a directory when there is one.
+std::string creation_problem(const fs::path& root, const std::error_code& ec) {
+  for (fs::path p = root.parent_path(); !p.empty(); p = p.parent_path()) {
+    std::error_code stat_ec;
+    const fs::file_status st = fs::status(p, stat_ec);
+    if (!stat_ec && fs::exists(st) && !fs::is_directory(st)) return format("'{}' is not a directory", p.string());
+    if (p == p.parent_path()) break;
+  }
+  return ec.message();
+}
+
+// Writes all of `data` or throws.
+void write_fully(int fd, const char* data, size_t n, const fs::path& path) {
+  while (n > 0) {
+    const ssize_t got = ::write(fd, data, n);
+    if (got < 0 && errno == EINTR) continue;
+    ST_CHECK(got > 0, "'{}' cannot be written: {}", path.string(), errno_text(got < 0 ? errno : EIO));
+    data += got;
+    n -= static_cast<size_t>(got);
+  }
+}
+
+}  // namespace
+
+DirectoryLock::DirectoryLock(const fs::path& root) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  ST_CHECK(!ec, "'{}' cannot be created: {}", root.string(), creation_problem(root, ec));
+  const fs::path path = root / lock_file_name;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ST_CHECK(fd_ >= 0, "cannot open the lock file '{}': {}", path.string(), errno_text(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    std::string holder(256, '\0');
+    const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    ST_CHECK(e != EWOULDBLOCK,
+             "'{}' is in use by {} (its lock file {} is held); wait for that job to end or use "
+             "another directory",
+             root.string(), holder.empty() ? std::string("another process") : holder, path.string());
+    ST_FAIL("cannot lock '{}': {}", path.string(), errno_text(e));
+  }
+  const std::string me = format("pid {} on host {}\n", ::getpid(), host_name());
+  // Best effort: the lock is what protects the directory; the text only explains it.
+  if (::ftruncate(fd_, 0) == 0) {
+    const ssize_t ignored = ::pwrite(fd_, me.data(), me.size(), 0);
+    (void)ignored;
+  }
+}
+
+DirectoryLock::~DirectoryLock() {
+  // Closing releases the lock. The file stays: removing it would let a
+  // waiting process lock an unlinked inode while a third creates a new file.
+  if (fd_ >= 0) ::close(fd_);
+}
+
+DirectoryLock::DirectoryLock(DirectoryLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+
+void probe_writable_dir(const fs::path& root, const std::string& probe_name) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  ST_CHECK(!ec, "'{}' cannot be created: {}", root.string(), creation_problem(root, ec));
+  ST_CHECK(fs::is_directory(root, ec), "'{}' is not a directory", root.string());
+
+  struct statfs sf {};
+  ST_CHECK(::statfs(root.c_str(), &sf) == 0, "cannot stat the file system of '{}': {}", root.string(),
+           errno_text(errno));
+  ST_CHECK(sf.f_type != kProcMagic && sf.f_type != kSysfsMagic,
+           "'{}' is on {}, which does not store files; choose a directory on a disk or a shared file system",
+           root.string(), sf.f_type == kProcMagic ? "procfs" : "sysfs");
+
+  // A block's worth of data: a full file system refuses it (one byte might
+  // still fit in a partly used block).
+  const fs::path probe = root / probe_name;
+  const std::vector<char> data(4096, 'p');
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ST_CHECK(fd >= 0, "'{}' is not writable: {}", root.string(), errno_text(errno));
+  std::string problem;
+  try {
+    write_fully(fd, data.data(), data.size(), probe);
+    if (::fsync(fd) != 0) problem = format("fsync failed: {}", errno_text(errno));
+  } catch (const Error& e) {
+    problem = e.message();
+  }
+  if (::close(fd) != 0 && problem.empty()) problem = format("close failed: {}", errno_text(errno));
+  ::unlink(probe.c_str());
+  ST_CHECK(problem.empty(), "'{}' is not writable: {}", root.string(), problem);
+}
+
+int64_t free_bytes(const fs::path& root) {
+  struct statvfs sv {};
+  ST_CHECK(::statvfs(root.c_str(), &sv) == 0, "cannot stat the file system of '{}': {}", root.string(),
+           errno_text(errno));
+  return static_cast<int64_t>(sv.f_bavail) * static_cast<int64_t>(sv.f_frsize);
+}
+
+}  // namespace st::checkpoint

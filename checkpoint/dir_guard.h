@@ -1,0 +1,46 @@
+#pragma once
+// Start-up checks of a checkpoint root, so that a run that cannot save fails
+// before its first step instead of after hours of training, and so that two
+// jobs never write into the same root (each would delete the other's
+// temporary directory as debris; see apply_retention()).
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace st::checkpoint {
+
+/// Name of the lock file inside a checkpoint root.
+inline constexpr std::string_view lock_file_name = ".lock";
+
+/// An exclusive advisory lock (flock) on root/.lock, held for the life of the
+/// object. The file records the holder ("pid N host H"), which is what a second
+/// job reports when it finds the lock taken. The kernel drops the lock when the
+/// holder exits in any way (SIGKILL included), so a stale file never blocks a
+/// later run. Move-only.
+class DirectoryLock {
+ public:
+  /// Creates `root` if needed and takes the lock without waiting. Throws
+  /// st::Error "'root' is in use by pid N on host H" when another process
+  /// holds it, or naming the path on an I/O failure.
+  explicit DirectoryLock(const std::filesystem::path& root);
+  ~DirectoryLock();
+  DirectoryLock(DirectoryLock&& other) noexcept;
+  DirectoryLock& operator=(DirectoryLock&&) = delete;
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+/// Makes sure checkpoints can be written under `root`: creates it, refuses a
+/// file system that does not store files (procfs, sysfs), writes, fsyncs and
+/// removes the probe file root/`probe_name`. Throws st::Error naming `root` and
+/// the cause ("'a/ckpt' cannot be created: 'a' is not a directory",
+/// "Read-only file system", "No space left on device").
+void probe_writable_dir(const std::filesystem::path& root, const std::string& probe_name);
+
+/// Bytes an unprivileged writer may still write on root's file system.
+int64_t free_bytes(const std::filesystem::path& root);
+
+}  // namespace st::checkpoint

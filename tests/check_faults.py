@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Faults a cluster produces every week, end to end through the trainer (standard library only).
+
+    check_faults.py TRAINER CKPT_TOOL CHECK
+
+CHECK is one of:
+  nonfinite   A unified checkpoint at step 10 is edited (CRCs kept valid) so that
+              one optimizer tensor drives its weight to Inf in the next update.
+              Resuming from it at 2 ranks with --stop-after 11: step 11 trains
+              with a finite loss, the save of step 11 is refused naming the tensor
+              and the step, exit 1, `latest` still names step-000010 and no
+              step-000011 exists. A checkpoint whose master weights hold NaN (CRC
+              valid) is reported by `ckpt verify` (exit 1) and skipped by
+              --resume auto, which says so and loads the next older one. A loss
+              that becomes non-finite (weights of 3e38 loaded) stops the toy model
+              and llama at their first step (exit 1, message names the step).
+  ckpt-dir    checkpoint.dir under a regular file, and on procfs, fail before step 1
+              with exit 1 and a message naming checkpoint.dir (and write nothing).
+  lock        a second job on the checkpoint.dir of a running job fails at
+              start-up naming the first job's pid and host; the first job
+              finishes with exit 0 and all its checkpoints; after it (and after a
+              SIGKILLed job) the directory is free again.
+  strict      a 2-layer checkpoint into a 1-layer model: exit 1 listing the
+              config.json difference and the unexpected tensors; with
+              checkpoint.strict=false it loads with a warning. A checkpoint
+              lacking tensors the model needs (3 layers from 2) fails even
+              non-strict. rope_theta differing is caught by config.json alone.
+              A checkpoint at or past train.steps and a trainer_state.json with
+              a negative or overflowing step are errors; `auto` falls back past a
+              corrupt trainer_state.json but never past a misfit.
+Each check prints what it observed; a failure exits 1.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_training import ROOT, fail, loss_by_step, mpirun, run  # noqa: E402
+
+TINY = "configs/llama-tiny.yaml"
+TOY = "configs/toy.yaml"
+
+
+def sets(**kv):
+    out = []
+    for k, v in kv.items():
+        out += ["--set", f"{k.replace('__', '.')}={v}"]
+    return out
+
+
+def expect(proc, code, *texts, what=""):
+    """proc exited with `code` and its output holds every text."""
+    out = proc.stdout + proc.stderr
+    missing = [t for t in texts if t not in out]
+    if proc.returncode != code or missing:
+        sys.stderr.write(out[-4000:])
+        fail(f"{what}: exit {proc.returncode} (expected {code}); missing from the output: {missing}")
+
+
+def latest_name(root):
+    with open(os.path.join(root, "latest")) as f:
+        return f.read().strip()
+
+
+# --- safetensors editing with valid checksums ----------------------------------------
+
+def _crc_table():
+    table = []
+    for b in range(256):
+        c = b
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+CRC_TABLE = _crc_table()
+
+
+def crc32c(data):
+    c = 0xFFFFFFFF
+    for byte in data:
+        c = CRC_TABLE[(c ^ byte) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def rewrite_tensor(ckpt, index_name, key, values_for):
+    """Replaces tensor `key` (F32) of a unified checkpoint by values_for(n) and
+    records its new CRC32C in the index, as an intact but bad save would. Every
+    file keeps its size, so the COMPLETE marker still vouches for them: the
+    number is replaced in place and padded with JSON whitespace (the last value
+    is nudged by a few ulps until the new CRC's digits fit)."""
+    index_path = os.path.join(ckpt, index_name)
+    with open(index_path) as f:
+        text = f.read()
+    index = json.loads(text)
+    path = os.path.join(ckpt, index["weight_map"][key])
+    with open(path, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        begin, end = header[key]["data_offsets"]
+        assert header[key]["dtype"] == "F32", header[key]
+        count = (end - begin) // 4
+        old = re.search(r'"%s": (\d+)' % re.escape(key), text)
+        for nudge in range(1000):
+            values = values_for(count)
+            data = struct.pack(f"<{count - 1}f", *values[:-1]) + struct.pack("<I", struct.unpack(
+                "<I", struct.pack("<f", values[-1]))[0] + nudge)
+            crc = str(crc32c(data))
+            if len(crc) <= len(old.group(1)) + 1:
+                break
+        f.seek(8 + n + begin)
+        f.write(data)
+    new = f'"{key}":' + crc.rjust(len(old.group(0)) - len(key) - 3)
+    text = text[:old.start()] + new + text[old.end():]
+    with open(index_path, "w") as f:
+        f.write(text)
+    return count
+
+
+def check_nonfinite(trainer, ckpt_tool, tmp):
+    root = os.path.join(tmp, "nf")
+    base = sets(checkpoint__dir=root, checkpoint__interval=10, train__device="cpu")
+    run(mpirun(2) + [trainer, "--config", TINY, "--stop-after", "10"] + base)
+    ten = os.path.join(root, "step-000010")
+    # exp_avg huge and exp_avg_sq zero: Adam's next update of model.norm.weight is -Inf,
+    # while the loss and the gradients of step 11 stay finite.
+    key = "model.norm.weight"
+    rewrite_tensor(ten, "optimizer.safetensors.index.json", key + ".exp_avg", lambda n: [3.0e38] * n)
+    rewrite_tensor(ten, "optimizer.safetensors.index.json", key + ".exp_avg_sq", lambda n: [0.0] * n)
+    metrics = os.path.join(tmp, "nf.jsonl")
+    proc = run(mpirun(2) + [trainer, "--config", TINY, "--resume", "auto", "--stop-after", "11"] + base +
+               sets(logging__metrics_file=metrics), expect_ok=False)
+    expect(proc, 1, "checkpoint of step 11 was not committed (latest still names step-000010)",
+           f"non-finite values in tensor '{key}'", what="save of non-finite state")
+    step11 = loss_by_step(metrics)
+    if 11 not in step11 or not step11[11] < 1e30:
+        fail(f"step 11 should have trained with a finite loss first: {step11}")
+    leftovers = sorted(os.listdir(root))
+    if latest_name(root) != "step-000010" or any(n.startswith(("step-000011", ".tmp")) for n in leftovers):
+        fail(f"latest moved or debris stayed: latest={latest_name(root)}, entries={leftovers}")
+    print(f"nonfinite: step 11 loss {step11[11]:.4f}; save refused, exit 1, latest = step-000010, "
+          f"directory holds {leftovers}")
+
+    # A checkpoint with NaN master weights and valid CRCs (e.g. written by an older version).
+    root2 = os.path.join(tmp, "nf2")
+    base2 = sets(checkpoint__dir=root2, checkpoint__interval=10, train__device="cpu")
+    run(mpirun(2) + [trainer, "--config", TINY, "--stop-after", "20"] + base2)
+    twenty = os.path.join(root2, "step-000020")
+    n = rewrite_tensor(twenty, "master_weights.safetensors.index.json", "model.norm.weight",
+                       lambda n: [float("nan")] * 3 + [float("inf")] * 2 + [1.0] * (n - 5))
+    proc = run([ckpt_tool, "verify", twenty], expect_ok=False)
+    expect(proc, 1, "holds non-finite values: 3 NaN and 2 Inf, the first at element 0", what="ckpt verify")
+    print(f"nonfinite: ckpt verify of a NaN checkpoint: exit {proc.returncode}")
+    proc = run(mpirun(2) + [trainer, "--config", TINY, "--resume", "auto", "--stop-after", "21"] + base2)
+    expect(proc, 0, f"--resume auto: {twenty} does not load",
+           "tensor 'model.norm.weight' (master) holds 3 NaN and 2 Inf values",
+           f"falling back to {os.path.join(root2, 'step-000010')}", "resumed from " + os.path.join(root2, "step-000010"),
+           what="auto fallback past a NaN checkpoint")
+    print(f"nonfinite: --resume auto skipped step-000020 ({n} elements, 5 non-finite) and resumed from step 10")
+
+    # The loss itself becoming non-finite stops training, for both models: weights
+    # that are finite but huge (3e38) make the next forward overflow.
+    for config, index, key in ((TOY, "model.safetensors.index.json", "net2.weight"),
+                               (TINY, "master_weights.safetensors.index.json", "lm_head.weight")):
+        root3 = os.path.join(tmp, "loss-" + os.path.basename(config))
+        run([trainer, "--config", config, "--stop-after", "2"] + sets(checkpoint__dir=root3))
+        rewrite_tensor(os.path.join(root3, "step-000002"), index, key, lambda n: [3.0e38] * n)
+        proc = run([trainer, "--config", config, "--resume", "auto"] + sets(checkpoint__dir=root3), expect_ok=False)
+        expect(proc, 1, "step 3: the loss is", "stopped before the optimizer step",
+               "the last checkpoint in checkpoint.dir stays latest", what=f"{config} with an overflowing loss")
+        if latest_name(root3) != "step-000002":
+            fail(f"{config}: latest moved to {latest_name(root3)}")
+        line = [ln for ln in proc.stderr.splitlines() if "error:" in ln][-1]
+        print(f"nonfinite: {config} from weights of 3e38: exit 1: {line[:150]}")
+
+
+def check_ckpt_dir(trainer, ckpt_tool, tmp):
+    afile = os.path.join(tmp, "afile")
+    with open(afile, "w") as f:
+        f.write("not a directory\n")
+    for where, text in ((os.path.join(afile, "ckpt"), f"'{afile}' is not a directory"),
+                        ("/proc/self/shardtrain-ckpt", "checkpoint.dir '/proc/self/shardtrain-ckpt'"),
+                        ("/proc", "is on procfs")):
+        metrics = os.path.join(tmp, "dir.jsonl")
+        if os.path.exists(metrics):
+            os.remove(metrics)
+        t0 = time.time()
+        proc = run(mpirun(2) + [trainer, "--config", TINY] +
+                   sets(checkpoint__dir=where, logging__metrics_file=metrics), expect_ok=False)
+        expect(proc, 1, "checkpoint.dir", text, what=f"checkpoint.dir={where}")
+        if os.path.exists(metrics):
+            fail(f"checkpoint.dir={where}: training ran before the directory was checked")
+        print(f"ckpt-dir: {where}: exit 1 before step 1 ({time.time() - t0:.1f} s including mpirun): "
+              f"{[ln for ln in proc.stderr.splitlines() if 'error' in ln][0][:150]}")
+
+
+def check_lock(trainer, ckpt_tool, tmp):
+    root = os.path.join(tmp, "locked")
+    metrics = os.path.join(tmp, "first.jsonl")
+    first = subprocess.Popen(mpirun(2) + [trainer, "--config", TINY, "--steps", "400"] +
+                             sets(checkpoint__dir=root, checkpoint__interval=100, logging__metrics_file=metrics),
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not os.path.exists(metrics) or len(open(metrics).readlines()) < 3):
+        time.sleep(0.1)
+    if first.poll() is not None:
+        fail("the first job ended before the second started")
+    second = run(mpirun(2) + [trainer, "--config", TINY, "--steps", "400"] + sets(checkpoint__dir=root),
+                 expect_ok=False)
+    holder = None
+    with open(os.path.join(root, ".lock")) as f:
+        holder = f.read().strip()
+    expect(second, 1, f"checkpoint.dir '{root}' is in use by {holder}", what="second job")
+    out, err = first.communicate(timeout=600)
+    steps = sorted(n for n in os.listdir(root) if n.startswith("step-"))
+    if first.returncode != 0 or steps != ["step-000100", "step-000200", "step-000300", "step-000400"]:
+        sys.stderr.write(err[-3000:])
+        fail(f"the first job was disturbed: exit {first.returncode}, checkpoints {steps}")
+    print(f"lock: second job exit 1 ('in use by {holder}'); first job exit 0 with {steps}")
+    # Free again after the holder ended, also when it was SIGKILLed.
+    victim = subprocess.Popen([trainer, "--config", TINY, "--steps", "100000", "--resume", "auto"] +
+                              sets(checkpoint__dir=root, checkpoint__interval=0, logging__interval=1000),
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(2)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    proc = run([trainer, "--config", TINY, "--steps", "402", "--resume", "auto"] + sets(checkpoint__dir=root))
+    expect(proc, 0, "resumed from", what="after a SIGKILLed holder")
+    print("lock: after the holder was SIGKILLed, the next job took the directory and resumed (exit 0)")
+
+
+def check_strict(trainer, ckpt_tool, tmp):
+    two = os.path.join(tmp, "two")
+    run([trainer, "--config", TINY, "--stop-after", "10"] + sets(checkpoint__dir=two))
+    ten = os.path.join(two, "step-000010")
+    one_layer = sets(model__num_hidden_layers=1)
+    proc = run([trainer, "--config", TINY, "--resume", ten] + one_layer, expect_ok=False)
+    expect(proc, 1, f"checkpoint {ten} does not fit this run",
+           "config.json differs from the run: num_hidden_layers 2 (model.num_hidden_layers 1)",
+           "9 tensor(s) of the checkpoint are not in the model: model.layers.1.input_layernorm.weight",
+           "checkpoint.strict: false loads it anyway", what="2 layers into 1")
+    print("strict: 2-layer checkpoint into a 1-layer model: exit 1, lists num_hidden_layers and 9 tensors")
+    proc = run([trainer, "--config", TINY, "--resume", ten, "--stop-after", "11"] + one_layer +
+               sets(checkpoint__strict="false"))
+    expect(proc, 0, "(checkpoint.strict: false)", "resumed from", what="non-strict 2 into 1")
+    print("strict: the same with checkpoint.strict=false: warning, exit 0")
+    for extra, text in ((sets(model__num_hidden_layers=3), "tensor(s) the run needs are missing from it: "
+                                                          "model.layers.2.input_layernorm.weight (exp_avg)"),
+                        (sets(model__rope_theta=500000.0), "rope_theta 10000.0 (model.rope_theta 500000.0)")):
+        for strict in ("true", "false"):
+            proc = run([trainer, "--config", TINY, "--resume", ten] + extra + sets(checkpoint__strict=strict),
+                       expect_ok=False)
+            if "rope_theta" in text and strict == "false":
+                expect(proc, 0, text, what="rope_theta non-strict")
+            else:
+                expect(proc, 1, text, what=f"{extra} strict={strict}")
+    print("strict: 3 layers from 2 fails even non-strict; rope_theta is caught from config.json alone")
+    # init_from follows the same rule.
+    proc = run([trainer, "--config", TINY] + one_layer + sets(checkpoint__init_from=ten), expect_ok=False)
+    expect(proc, 1, "does not fit this run", what="init_from 2 into 1")
+
+    # Finished runs and corrupt steps.
+    proc = run([trainer, "--config", TINY, "--resume", ten, "--steps", "10"], expect_ok=False)
+    expect(proc, 1, f"checkpoint {ten} is at step 10, the run ends at step 10 (train.steps): this run is finished; "
+                    "raise train.steps", what="finished run")
+    state_path = os.path.join(ten, "trainer_state.json")
+    with open(state_path) as f:
+        good = f.read()
+    for bad, shown in ((-5, "-5"), (10 ** 30, "1e+30"), ("12", '"12"')):
+        state = json.loads(good)
+        state["step"] = bad
+        with open(state_path, "w") as f:
+            json.dump(state, f)
+        proc = run([trainer, "--config", TINY, "--resume", ten], expect_ok=False)
+        expect(proc, 1, f"{state_path} is corrupt: 'step' is {shown}, expected a non-negative integer",
+               what=f"step {bad}")
+    print("strict: step 10 of 10 says the run is finished; steps -5, 1e30 and \"12\" are corrupt-checkpoint errors")
+    # --resume auto: a corrupt trainer_state.json falls back; a misfit does not.
+    with open(state_path, "w") as f:
+        f.write(good)
+    run([trainer, "--config", TINY, "--stop-after", "20"] + sets(checkpoint__dir=os.path.join(tmp, "auto")))
+    auto_root = os.path.join(tmp, "auto")
+    # Same size as before, so the COMPLETE marker still vouches for the file.
+    corrupt_path = os.path.join(auto_root, "step-000020", "trainer_state.json")
+    size = os.path.getsize(corrupt_path)
+    with open(corrupt_path, "w") as f:
+        f.write('{"step": -1, "consumed_samples": 0, "optimizer_steps": 0}'.ljust(size))
+    proc = run([trainer, "--config", TINY, "--resume", "auto", "--stop-after", "21"] +
+               sets(checkpoint__dir=auto_root))
+    expect(proc, 0, "'step' is -1", f"falling back to {os.path.join(auto_root, 'step-000010')}",
+           what="auto past a corrupt trainer_state.json")
+    proc = run([trainer, "--config", TINY, "--resume", "auto"] + one_layer + sets(checkpoint__dir=auto_root),
+               expect_ok=False)
+    expect(proc, 1, "does not fit this run", what="auto with a misfit")
+    if "falling back" in proc.stderr + proc.stdout:
+        fail("--resume auto fell back past a checkpoint that does not fit the model")
+    print("strict: --resume auto falls back past a corrupt trainer_state.json, not past a model mismatch")
+
+
+def main():
+    trainer, ckpt_tool, check = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), sys.argv[3]
+    checks = {"nonfinite": check_nonfinite, "ckpt-dir": check_ckpt_dir, "lock": check_lock, "strict": check_strict}
+    with tempfile.TemporaryDirectory() as tmp:
+        checks[check](trainer, ckpt_tool, tmp)
+
+
+if __name__ == "__main__":
+    main()
