@@ -520,7 +520,11 @@ void Checkpointer::check_fit(const std::string& path, const checkpoint::Catalog&
   if (!missing.empty()) {
     problems.push_back(
         format("{} tensor(s) the run needs are missing from it: {}", missing.size(), name_list(missing)));
-    throw_misfit(format("checkpoint {} does not fit this run: {}", path, join(problems, "; ")));
+    const std::string message = format("checkpoint {} does not fit this run: {}", path, join(problems, "; "));
+    // With a config.json that agrees, a missing tensor means a damaged
+    // checkpoint (an older one may be whole); otherwise the model changed.
+    if (config_diff.empty()) ST_FAIL("{}", message);
+    throw_misfit(message);
   }
   if (!problems.empty() && strict)
     throw_misfit(

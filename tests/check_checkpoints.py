@@ -299,7 +299,7 @@ def check_crash(trainer, tmp):
         if not complete(latest):
             fail(f"round {i}: latest names {latest}, which is not complete")
         check = run(mpirun(1) + [trainer, "--config", TINY, "--resume", "auto"] +
-                    sets(checkpoint__dir=root, train__steps=int(latest[-6:])), expect_ok=False)
+                    sets(checkpoint__dir=root, train__steps=int(latest[-6:]) + 1), expect_ok=False)
         if check.returncode != 0 or f"resumed from {latest}" not in check.stderr:
             sys.stderr.write(check.stderr)
             fail(f"round {i}: --resume auto did not load {latest}")
@@ -366,9 +366,14 @@ def check_corruption(trainer, tmp):
     with open(path, "w") as f:
         json.dump(index, f)
     expect_failure(trainer, tmp, "tensor-missing-from-index", ["--resume", d],
-                   ["tensor model.norm.weight kind exp_avg is not in checkpoint"], ckpt)
+                   ["1 tensor(s) the run needs are missing from it: model.norm.weight (exp_avg)"], ckpt)
 
+    # Caught from config.json before any tensor is read; without that check
+    # (checkpoint.strict: false) the loader still names the tensor whose shape differs.
     expect_failure(trainer, tmp, "shape-mismatch", ["--resume", step10] + sets(model__intermediate_size=96),
+                   ["does not fit this run", "intermediate_size 172 (model.intermediate_size 96)"], ckpt)
+    expect_failure(trainer, tmp, "shape-mismatch-nonstrict",
+                   ["--resume", step10] + sets(model__intermediate_size=96, checkpoint__strict="false"),
                    ["model.layers.0.mlp.", "has shape", "the model has"], ckpt)
 
     # --resume auto: latest fails its checksum, the previous checkpoint loads instead.
