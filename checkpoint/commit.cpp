@@ -381,9 +381,10 @@ std::optional<ResumeChoice> choose_resume(const fs::path& root) {
                       format("{}; using {}", problem, step_dir_name(step))};
 }
 
-void apply_retention(const fs::path& root, int64_t keep_last) {
+std::vector<std::string> apply_retention(const fs::path& root, int64_t keep_last) {
+  std::vector<std::string> deleted;
   std::error_code ec;
-  if (!fs::is_directory(root, ec)) return;
+  if (!fs::is_directory(root, ec)) return deleted;
   std::string own_suffix = format("-{}", ::getpid());
   std::vector<fs::path> debris;
   fs::directory_iterator it(root, ec);
@@ -394,9 +395,9 @@ void apply_retention(const fs::path& root, int64_t keep_last) {
   }
   for (const fs::path& path : debris) remove_tree(path);
 
-  if (keep_last <= 0) return;
+  if (keep_last <= 0) return deleted;
   std::vector<int64_t> steps = complete_steps(root);
-  if (steps.size() <= static_cast<size_t>(keep_last)) return;
+  if (steps.size() <= static_cast<size_t>(keep_last)) return deleted;
   std::optional<int64_t> pinned = latest_step(root);
   steps.resize(steps.size() - static_cast<size_t>(keep_last));  // the ones beyond the newest keep_last
   for (int64_t step : steps) {
@@ -408,7 +409,9 @@ void apply_retention(const fs::path& root, int64_t keep_last) {
     remove_tree(doomed);
     rename_path(dir, doomed);
     remove_tree(doomed);
+    deleted.push_back(step_dir_name(step));
   }
+  return deleted;
 }
 
 }  // namespace st::checkpoint

@@ -146,6 +146,7 @@ std::optional<ResumeChoice> choose_resume(const std::filesystem::path& root);
 /// every root/.tmp-* directory whose name does not end in this process's pid:
 /// those are debris of killed saves, since only one process commits into a
 /// root at a time. Call it after commit(), from the committing process.
-void apply_retention(const std::filesystem::path& root, int64_t keep_last);
+/// Returns the names of the checkpoints it deleted (debris is not listed).
+std::vector<std::string> apply_retention(const std::filesystem::path& root, int64_t keep_last);
 
 }  // namespace st::checkpoint

@@ -1,7 +1,9 @@
 #include "checkpoint/dir_guard.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -12,6 +14,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "checkpoint/commit.h"
 #include "core/error.h"
 
 namespace st::checkpoint {
@@ -129,6 +132,45 @@ int64_t free_bytes(const fs::path& root) {
   ST_CHECK(::statvfs(root.c_str(), &sv) == 0, "cannot stat the file system of '{}': {}", root.string(),
            errno_text(errno));
   return static_cast<int64_t>(sv.f_bavail) * static_cast<int64_t>(sv.f_frsize);
+}
+
+std::vector<std::string> step_dirs(const fs::path& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (std::optional<int64_t> step = parse_step_dir_name(name)) found.emplace_back(*step, name);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> names;
+  for (auto& [step, name] : found) names.push_back(std::move(name));
+  return names;
+}
+
+fs::path move_checkpoints_aside(const fs::path& root) {
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+  fs::path aside = root / (std::string("overwritten-") + stamp);
+  for (int n = 2; fs::exists(aside); ++n) aside = root / format("overwritten-{}-{}", stamp, n);
+  std::error_code ec;
+  fs::create_directory(aside, ec);
+  ST_CHECK(!ec, "cannot create '{}': {}", aside.string(), ec.message());
+  std::vector<std::string> names = step_dirs(root);
+  if (fs::exists(fs::symlink_status(root / latest_file_name))) names.emplace_back(latest_file_name);
+  for (const std::string& name : names) {
+    fs::rename(root / name, aside / name, ec);
+    ST_CHECK(!ec, "cannot move '{}' to '{}': {}", (root / name).string(), aside.string(), ec.message());
+  }
+  const int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    const int rc = ::fsync(fd);
+    ::close(fd);
+    ST_CHECK(rc == 0, "fsync of '{}' failed: {}", root.string(), errno_text(errno));
+  }
+  return aside;
 }
 
 }  // namespace st::checkpoint

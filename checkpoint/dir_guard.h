@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace st::checkpoint {
 
@@ -42,5 +43,15 @@ void probe_writable_dir(const std::filesystem::path& root, const std::string& pr
 
 /// Bytes an unprivileged writer may still write on root's file system.
 int64_t free_bytes(const std::filesystem::path& root);
+
+/// The step-NNNNNN directories under `root` (complete or not), ascending by
+/// step; empty when root does not exist.
+std::vector<std::string> step_dirs(const std::filesystem::path& root);
+
+/// Moves `latest` and every step-NNNNNN directory of `root` into a new
+/// root/overwritten-YYYYMMDD-HHMMSS/ (UTC; "-2", "-3" appended when taken) and
+/// fsyncs root. Nothing is deleted. Returns the new directory. Throws st::Error
+/// naming the path on I/O failure.
+std::filesystem::path move_checkpoints_aside(const std::filesystem::path& root);
 
 }  // namespace st::checkpoint

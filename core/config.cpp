@@ -754,8 +754,10 @@ void Config::validate() const {
   require(o.momentum >= 0 && o.momentum < 1, "optim.momentum", o.momentum, "a number in [0, 1)");
   require(o.grad_clip >= 0 && fits_f32(o.grad_clip), "optim.grad_clip", o.grad_clip,
           "a non-negative number within F32 range (0 disables clipping)");
-  require(o.schedule.warmup_steps >= 0 && o.schedule.warmup_steps <= t.steps, "optim.schedule.warmup_steps",
-          o.schedule.warmup_steps, format("an integer from 0 to train.steps ({})", t.steps));
+  // More warmup steps than train.steps is allowed here: `--steps 1` on a
+  // shipped config must run; the trainer clamps the warmup and says so.
+  require(o.schedule.warmup_steps >= 0, "optim.schedule.warmup_steps", o.schedule.warmup_steps,
+          "a non-negative integer");
   require(o.schedule.min_lr >= 0 && o.schedule.min_lr <= o.lr, "optim.schedule.min_lr", o.schedule.min_lr,
           format("a number from 0 to optim.lr ({})", yaml_text(o.lr)));
 
@@ -776,6 +778,11 @@ void Config::validate() const {
   for (const std::string& option : k.unified_checkpoint_config) {
     require(in_choices(option, kUnifiedOptions), "checkpoint.unified_checkpoint_config", option,
             format("entries from {}{}", join(kUnifiedOptions, " | "), did_you_mean(option, kUnifiedOptions)));
+    // The sharded layout writes no model weights at all, so skipping them means nothing there.
+    require(option != "skip_save_model_weight" || k.format == CheckpointFormat::Unified,
+            "checkpoint.unified_checkpoint_config", option,
+            "no skip_save_model_weight with checkpoint.format: sharded (that layout stores only master weights "
+            "and optimizer state already)");
   }
 
   require(comm.timeout_s >= 0 && comm.timeout_s <= 1e7, "comm.timeout_s", comm.timeout_s,

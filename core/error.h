@@ -23,6 +23,13 @@ class Error : public std::runtime_error {
   std::string location_;
 };
 
+/// An error every rank of a job raised with the same message (a bad config
+/// file, a failure shared over the ranks): main() prints it once, on rank 0.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 /// Text of an MPI error code (implemented by the MPI backend; a build

@@ -17,6 +17,10 @@ Logger::Logger(int rank, int world_size, LogLevel level, std::FILE* out)
 
 void Logger::write(LogLevel level, std::string_view message) {
   if (level < level_) return;
+  emit(level, message);
+}
+
+void Logger::emit(LogLevel level, std::string_view message) {
   static constexpr const char* kNames[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
   std::string line = format("[{}/{}] {} {}\n", rank_, world_size_, kNames[static_cast<int>(level)], message);
   std::lock_guard<std::mutex> lock(mutex_);

@@ -53,6 +53,12 @@ class Logger {
   void warn0(std::string_view fmt, A&&... a) {
     if (rank_ == 0) warn(fmt, std::forward<A>(a)...);
   }
+  /// Rank 0 only, at every level but error: the one line a run ends with
+  /// (`--log-level warn` keeps it, so a quiet run still reports its result).
+  template <class... A>
+  void summary0(std::string_view fmt, A&&... a) {
+    if (rank_ == 0 && level_ != LogLevel::Error) emit(LogLevel::Info, format(fmt, std::forward<A>(a)...));
+  }
 
  private:
   template <class... A>
@@ -60,6 +66,7 @@ class Logger {
     if (level < level_) return;
     write(level, format(fmt, std::forward<A>(a)...));
   }
+  void emit(LogLevel level, std::string_view message);
 
   int rank_;
   int world_size_;

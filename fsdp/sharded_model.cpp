@@ -569,12 +569,9 @@ void ShardedModel::log_memory_table(int64_t optimizer_bytes) const {
   for (const FlatParam& unit : m.units) log.info0(row, unit_label(unit.plan.name), unit.plan.numel, unit.padded);
   MemoryReport r = memory_report();
   r.optimizer_bytes = optimizer_bytes;
-  constexpr double kMb = 1024.0 * 1024.0;
-  log.info0(
-      "per-rank memory: master {:.2f} MB, grads {:.2f} MB, optimizer {:.2f} MB, largest gathered unit "
-      "{:.2f} MB ({})",
-      r.master_bytes / kMb, r.grad_bytes / kMb, r.optimizer_bytes / kMb, r.largest_gathered_bytes / kMb,
-      to_string(m.config.mixed_precision.param_dtype));
+  log.info0("per-rank memory: master {}, grads {}, optimizer {}, largest gathered unit {} ({})",
+            human_bytes(r.master_bytes), human_bytes(r.grad_bytes), human_bytes(r.optimizer_bytes),
+            human_bytes(r.largest_gathered_bytes), to_string(m.config.mixed_precision.param_dtype));
 }
 
 }  // namespace st::fsdp

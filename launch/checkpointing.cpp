@@ -101,10 +101,10 @@ void on_every_rank(ProcessGroup& world, F&& f) {
     error = e.what();
   }
   std::vector<std::string> errors = all_gather_strings(world, error);
+  // Every rank throws the same message, so main() prints it once.
   for (size_t r = 0; r < errors.size(); ++r) {
     if (errors[r].empty()) continue;
-    if (world.size() == 1) ST_FAIL("{}", errors[r]);
-    ST_FAIL("rank {}: {}", r, errors[r]);
+    throw AgreedError(world.size() == 1 ? errors[r] : format("rank {}: {}", r, errors[r]), __FILE__, __LINE__);
   }
 }
 
@@ -205,7 +205,13 @@ std::string hf_llama_config_json(const ModelConfig& m, std::string_view torch_dt
   return j.dump(2) + "\n";
 }
 
-void check_checkpoint_config(const Config& config, const std::string& resume) {
+std::string effective_resume(const Config& config, const std::string& requested, bool overwrite) {
+  if (overwrite) return "never";
+  if (!requested.empty()) return requested;
+  return config.checkpoint.dir.empty() ? "never" : "auto";
+}
+
+void check_checkpoint_config(const Config& config, const std::string& resume, bool overwrite, Logger& log) {
   const CheckpointConfig& c = config.checkpoint;
   for (const std::string& o : c.unified_checkpoint_config) {
     ST_CHECK(o == kSkipModelWeight || o == kMasterCompatible || o == kAllOptions,
@@ -213,6 +219,10 @@ void check_checkpoint_config(const Config& config, const std::string& resume) {
              kSkipModelWeight, kMasterCompatible, kAllOptions);
   }
   ST_CHECK(resume != "auto" || !c.dir.empty(), "--resume auto needs checkpoint.dir");
+  ST_CHECK(!overwrite || !c.dir.empty(), "--overwrite needs checkpoint.dir (the directory to start over in)");
+  if (!resume.empty() && resume != "auto" && resume != "never" && c.dir.empty())
+    log.warn0("--resume {} without checkpoint.dir: this run saves no checkpoints (set checkpoint.dir to keep them)",
+              resume);
   ST_CHECK(c.init_from.empty() || fs::exists(c.init_from), "checkpoint.init_from: '{}' does not exist", c.init_from);
 }
 
@@ -229,7 +239,9 @@ struct Checkpointer::InFlight {
   int64_t total_bytes = 0;
 };
 
-std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& config, ProcessGroup& world) {
+std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& config, ProcessGroup& world,
+                                                                const std::string& resume, bool overwrite,
+                                                                Logger& log) {
   const std::string& dir = config.checkpoint.dir;
   if (dir.empty()) return std::nullopt;
   // The probe first, so an unusable directory is reported as such rather than
@@ -250,6 +262,21 @@ std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& co
     } catch (const Error& e) {
       ST_FAIL("checkpoint.dir {}", e.message());
     }
+    if (resume != "never") return;
+    const std::vector<std::string> steps = checkpoint::step_dirs(dir);
+    std::error_code ec;
+    if (steps.empty() && !fs::exists(fs::symlink_status(fs::path(dir) / checkpoint::latest_file_name, ec))) return;
+    if (overwrite) {
+      const fs::path aside = checkpoint::move_checkpoints_aside(dir);
+      log.info0("--overwrite: moved {} checkpoint(s) of the earlier run in {} to {}; starting from step 0",
+                steps.size(), dir, aside.string());
+      return;
+    }
+    ST_FAIL(
+        "checkpoint.dir '{}' already holds checkpoints (the newest is {}); a new run there would mix with "
+        "them. Continue that run with --resume auto, start over with --overwrite (moves them aside, deletes "
+        "nothing), or choose another checkpoint.dir",
+        dir, steps.empty() ? std::string(checkpoint::latest_file_name) : steps.back());
   });
   return lock;
 }
@@ -376,13 +403,16 @@ void Checkpointer::finish_in_flight() {
       files.emplace_back(kHfConfig);
     }
     f->pending->commit(files);
-    checkpoint::apply_retention(config_.checkpoint.dir, config_.checkpoint.keep_last);
+    const std::vector<std::string> deleted =
+        checkpoint::apply_retention(config_.checkpoint.dir, config_.checkpoint.keep_last);
+    if (!deleted.empty())
+      log_.info0("checkpoint.keep_last {}: deleted {}", config_.checkpoint.keep_last, join(deleted, ", "));
   });
   const double secs = since(f->start);
-  log_.info0("saved checkpoint {}/{} ({}{}): {:.2f} MB in {:.3f} s ({:.3f} GB/s), training blocked {:.3f} s",
+  log_.info0("saved checkpoint {}/{} ({}{}): {} in {:.3f} s ({:.3f} GB/s), training blocked {:.3f} s",
              config_.checkpoint.dir, checkpoint::step_dir_name(f->step),
              config_.checkpoint.format == CheckpointFormat::Unified ? "unified" : "sharded",
-             config_.checkpoint.async ? ", async" : "", static_cast<double>(f->total_bytes) / 1e6, secs,
+             config_.checkpoint.async ? ", async" : "", human_bytes(f->total_bytes), secs,
              static_cast<double>(f->total_bytes) / secs / 1e9, config_.checkpoint.async ? f->blocking_s : secs);
 }
 
@@ -595,16 +625,36 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
   Tensor total = Tensor::full({1}, static_cast<double>(bytes), DType::F32);
   world_.all_reduce(total).wait();
   const double secs = since(t0);
-  const double mb = total.data<float>()[0] / 1e6;
+  const std::string read = human_bytes(static_cast<int64_t>(total.data<float>()[0]));
   if (init) {
-    log_.info0("initialised the weights from {} ({} layout): {:.2f} MB in {:.3f} s; fresh optimizer, step 0", path,
-               catalog.format, mb, secs);
+    log_.info0("initialised the weights from {} ({} layout): {} read in {:.3f} s; fresh optimizer, step 0", path,
+               catalog.format, read, secs);
   } else {
-    log_.info0("resumed from {} (step {}, {} layout, saved by {} rank(s) with {}): {:.2f} MB in {:.3f} s", path,
+    // A unified save also holds the model weights for Hugging Face tools; a
+    // resume reads the master weights instead, so it reads fewer bytes than were saved.
+    const bool skipped_model = catalog.has_kind(checkpoint::kModelKind) && catalog.has_kind(checkpoint::kMasterKind);
+    log_.info0("resumed from {} (step {}, {} layout, saved by {} rank(s) with {}): {} read in {:.3f} s{}", path,
                point.step, catalog.format, state.value("world_size", 0),
-               state.value("sharding_strategy", std::string("?")), mb, secs);
+               state.value("sharding_strategy", std::string("?")), read, secs,
+               skipped_model ? " (model weights not read: master weights are)" : "");
+    log_schedule_change(state, point.step);
   }
   return point;
+}
+
+void Checkpointer::log_schedule_change(const json& state, int64_t step) {
+  const json schedule = state.value("schedule", json::object());
+  if (!schedule.is_object() || !schedule.contains("next_lr") || !schedule["next_lr"].is_number()) return;
+  const double theirs = schedule["next_lr"].get<double>();
+  const double ours = optim::learning_rate(config_.optim, step, config_.train.steps);
+  const int64_t their_steps = schedule.value("total_steps", int64_t{0});
+  const std::string their_kind = schedule.value("kind", std::string("?"));
+  const std::string our_kind(to_string(config_.optim.schedule.kind));
+  if (their_steps == config_.train.steps && their_kind == our_kind && theirs == ours) return;
+  log_.warn0(
+      "the learning-rate schedule differs from the checkpoint's (train.steps {} -> {}, {} -> {}): step {} uses lr "
+      "{:.3e} under this run's schedule, {:.3e} under the checkpoint's",
+      their_steps, config_.train.steps, their_kind, our_kind, step + 1, ours, theirs);
 }
 
 }  // namespace st::launch

@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "checkpoint/dir_guard.h"
 #include "core/comm.h"
 #include "core/config.h"
@@ -29,18 +31,29 @@ struct ResumePoint {
   std::string path;      // the checkpoint directory loaded
 };
 
+/// What --resume means for this run: `requested` when given; otherwise auto
+/// when checkpoint.dir is set (so a requeued job continues instead of starting
+/// over) and never without one. --overwrite means never.
+std::string effective_resume(const Config& config, const std::string& requested, bool overwrite);
+
 /// Rejects bad checkpoint settings before any step runs: unknown
-/// unified_checkpoint_config options, --resume auto without checkpoint.dir.
-void check_checkpoint_config(const Config& config, const std::string& resume);
+/// unified_checkpoint_config options, an explicit --resume auto or
+/// --overwrite without checkpoint.dir; warns that --resume PATH without
+/// checkpoint.dir saves nothing.
+void check_checkpoint_config(const Config& config, const std::string& requested_resume, bool overwrite, Logger& log);
 
 /// Start-up checks of checkpoint.dir, before the model is built, so a run that
 /// could not save fails in its first second: rank 0 takes the directory's lock
 /// (held by the returned object for the run: a second job on the same
 /// directory fails here), every rank creates the directory and writes, fsyncs
 /// and removes a probe file. Collective; every rank throws the same error,
-/// naming checkpoint.dir. nullopt when checkpoint.dir is empty or on ranks
-/// other than 0.
-std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& config, ProcessGroup& world);
+/// naming checkpoint.dir. Then, when `resume` is never and the directory
+/// already holds checkpoints: with `overwrite` rank 0 moves them aside (see
+/// checkpoint::move_checkpoints_aside), otherwise every rank fails naming the
+/// newest one, so that two runs never mix in one directory. nullopt when
+/// checkpoint.dir is empty or on ranks other than 0.
+std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& config, ProcessGroup& world,
+                                                                const std::string& resume, bool overwrite, Logger& log);
 
 /// Owns the saves of one run. Every method is collective over `world` and
 /// must be called by all ranks at the same point of the run.
@@ -93,6 +106,9 @@ class Checkpointer {
   struct InFlight;
   void finish_in_flight();
   ResumePoint load_from(const std::string& path, bool init);
+  // Warns when train.steps or the schedule kind differs from the checkpoint's,
+  // with the learning rate of the next step under both.
+  void log_schedule_change(const nlohmann::json& state, int64_t step);
   void check_fit(const std::string& path, const checkpoint::Catalog& catalog, const std::vector<StateEntry>& entries,
                  bool init);
 

@@ -61,6 +61,8 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
     } else if (flag == "--resume") {
       args.resume = take_value();
       ST_CHECK(!args.resume.empty(), "--resume needs auto, never or a checkpoint directory");
+    } else if (flag == "--overwrite") {
+      args.overwrite = true;
     } else if (flag == "--print-config") {
       args.print_config = true;
     } else if (flag == "--log-level") {
@@ -71,20 +73,26 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
   }
   ST_CHECK(args.help || args.list_keys || !args.config_path.empty(),
            "missing --config FILE (for example --config configs/toy.yaml)");
+  ST_CHECK(!args.overwrite || args.resume.empty() || args.resume == "never",
+           "--overwrite starts the run over, so it cannot be combined with --resume {}", args.resume);
   return args;
 }
 
 std::string trainer_usage() {
   std::ostringstream os;
   os << "usage: trainer --config FILE [--set key=value]... [--steps N] [--stop-after N] [--resume auto|never|PATH]\n"
-        "               [--print-config] [--log-level L]\n"
+        "               [--overwrite] [--print-config] [--log-level L]\n"
         "       trainer --config FILE --self-check\n\n"
         "  --config FILE      YAML configuration (see configs/)\n"
         "  --set key=value    override one configuration key; repeatable; e.g. --set fsdp.sharding_strategy=NO_SHARD\n"
         "  --steps N          same as --set train.steps=N\n"
         "  --stop-after N     end this process after step N as if preempted: save a checkpoint (when\n"
         "                     checkpoint.dir is set) and exit 0\n"
-        "  --resume R         auto (newest complete checkpoint in checkpoint.dir), never (default) or a directory\n"
+        "  --resume R         auto (default: continue from the newest complete checkpoint in checkpoint.dir, or\n"
+        "                     start fresh when there is none), never (start fresh; an error when checkpoint.dir\n"
+        "                     holds checkpoints) or a checkpoint directory\n"
+        "  --overwrite        start fresh in a checkpoint.dir that holds checkpoints, moving them aside into\n"
+        "                     checkpoint.dir/overwritten-<time>/ (nothing is deleted)\n"
         "  --print-config     print the resolved configuration as YAML and exit\n"
         "  --log-level L      debug | info | warn | error (overrides logging.level)\n"
         "  --self-check       check every collective on known inputs and measure bus bandwidth, then exit\n"

@@ -1,7 +1,7 @@
 #pragma once
 // Command line of `trainer`:
 //   trainer --config FILE [--set key=value]... [--steps N] [--stop-after N] [--resume auto|never|PATH]
-//           [--print-config] [--log-level L]
+//           [--overwrite] [--print-config] [--log-level L]
 //   trainer --help | --list-keys
 //   trainer --config FILE --self-check
 #include <string>
@@ -15,7 +15,8 @@ struct TrainerArgs {
   bool print_config = false;           // --print-config: print the resolved YAML and exit
   bool help = false;                   // --help / -h
   int64_t stop_after = 0;              // --stop-after N: save and exit 0 after step N (0 = run to the end)
-  std::string resume = "never";        // --resume auto|never|PATH
+  std::string resume;                  // --resume auto|never|PATH; empty: auto when checkpoint.dir is set
+  bool overwrite = false;              // --overwrite: move checkpoint.dir's checkpoints aside and start over
   bool self_check = false;             // --self-check: run the collective self-check instead of training
   bool list_keys = false;              // --list-keys: print the configuration reference (Markdown) and exit
   std::string log_level = "";          // --log-level: overrides logging.level when set

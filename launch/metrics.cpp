@@ -31,9 +31,11 @@ std::string grouped(double v) {
 }  // namespace
 
 std::string format_step_line(const StepMetrics& m) {
-  std::string line = format("step {}/{} | loss {:.4f} | lr {:.2e} | grad_norm {:.3f} | {} tok/s | elapsed {} | eta {}",
-                            m.step, m.total_steps, m.loss, m.lr, m.grad_norm, grouped(m.tokens_per_s),
-                            seconds_str(m.elapsed_s), seconds_str(m.eta_s));
+  const std::string rate =
+      m.tokens_per_s >= 0 ? grouped(m.tokens_per_s) + " tok/s" : grouped(m.samples_per_s) + " samples/s";
+  std::string line =
+      format("step {}/{} | loss {:.4f} | lr {:.2e} | grad_norm {:.3f} | {} | elapsed {} | eta {}", m.step,
+             m.total_steps, m.loss, m.lr, m.grad_norm, rate, seconds_str(m.elapsed_s), seconds_str(m.eta_s));
   if (m.mfu >= 0) line += format(" | mfu {:.1f}% | peak {:.2f} GB", 100.0 * m.mfu, m.peak_bytes / 1e9);
   return line;
 }
@@ -43,9 +45,10 @@ std::string format_step_json(const StepMetrics& m) {
                       {"loss", m.loss},
                       {"lr", m.lr},
                       {"grad_norm", m.grad_norm},
-                      {"tokens_per_s", m.tokens_per_s},
+                      {"samples_per_s", m.samples_per_s},
                       {"elapsed_s", m.elapsed_s},
                       {"peak_bytes", m.peak_bytes}};
+  if (m.tokens_per_s >= 0) j["tokens_per_s"] = m.tokens_per_s;
   if (m.mfu >= 0) j["mfu"] = m.mfu;
   return j.dump();
 }

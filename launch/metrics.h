@@ -10,21 +10,23 @@ namespace st::launch {
 struct StepMetrics {
   int64_t step = 0;  // 1-based step just completed
   int64_t total_steps = 0;
-  double loss = 0;          // mean over the global batch
-  double lr = 0;            // learning rate used by this step
-  double grad_norm = 0;     // global norm before clipping
-  double tokens_per_s = 0;  // all ranks together, over this step
-  double elapsed_s = 0;     // since the first step began
-  double eta_s = 0;         // estimated seconds to the end of the run
-  int64_t peak_bytes = 0;   // peak allocator bytes on this rank's device during the step
-  double mfu = -1;          // model FLOPs utilisation of one device in [0, 1]; < 0 when unknown (CPU, unknown GPU)
+  double loss = 0;           // mean over the global batch
+  double lr = 0;             // learning rate used by this step
+  double grad_norm = 0;      // global norm before clipping
+  double tokens_per_s = 0;   // all ranks together, over this step; < 0 for models without tokens (the toy)
+  double samples_per_s = 0;  // all ranks together, over this step
+  double elapsed_s = 0;      // since the first step began
+  double eta_s = 0;          // estimated seconds to the end of the run
+  int64_t peak_bytes = 0;    // peak allocator bytes on this rank's device during the step
+  double mfu = -1;           // model FLOPs utilisation of one device in [0, 1]; < 0 when unknown (CPU, unknown GPU)
 };
 
-/// "step 5/20 | loss 5.1234 | lr 3.00e-04 | grad_norm 1.234 | 12,345 tok/s | elapsed 1.2s | eta 3.4s",
-/// then " | mfu 41.3% | peak 12.34 GB" when the MFU is known.
+/// "step 5/20 | loss 5.1234 | lr 3.00e-04 | grad_norm 1.234 | 12,345 tok/s | elapsed 1.2s | eta 3.4s"
+/// ("1,234 samples/s" instead of tok/s for models without tokens), then
+/// " | mfu 41.3% | peak 12.34 GB" when the MFU is known.
 std::string format_step_line(const StepMetrics& m);
-/// One JSON object (no newline) with keys step, loss, lr, grad_norm, tokens_per_s, elapsed_s, peak_bytes, and
-/// mfu when it is known.
+/// One JSON object (no newline) with keys step, loss, lr, grad_norm, samples_per_s, tokens_per_s (models with
+/// tokens), elapsed_s, peak_bytes, and mfu when it is known.
 std::string format_step_json(const StepMetrics& m);
 
 /// Appends JSON lines to a file; an empty path makes every call a no-op.

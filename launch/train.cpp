@@ -76,9 +76,10 @@ int64_t global_loss_count(models::LossKind kind, const std::vector<Tensor>& targ
 }
 
 void log_config(const Config& config, Logger& log) {
+  if (log.rank() != 0 || log.level() > LogLevel::Debug) return;
   std::istringstream yaml(to_yaml(config));
-  log.info0("resolved configuration:");
-  for (std::string line; std::getline(yaml, line);) log.info0("  {}", line);
+  log.debug("resolved configuration (also: trainer --print-config):");
+  for (std::string line; std::getline(yaml, line);) log.debug("  {}", line);
 }
 
 // The group the sharded model communicates over: NCCL between GPUs when
@@ -124,9 +125,11 @@ int64_t accumulation_steps(const TrainConfig& train, int world_size) {
 TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int local_size, const TrainOptions& options) {
   const TrainConfig& tc = config.train;
   const int64_t accum = accumulation_steps(tc, world.size());
-  check_checkpoint_config(config, options.resume);
+  check_checkpoint_config(config, options.resume, options.overwrite, log);
+  const std::string resume = effective_resume(config, options.resume, options.overwrite);
   // Held for the whole run: a second job on the same checkpoint.dir fails here.
-  const std::optional<checkpoint::DirectoryLock> dir_lock = prepare_checkpoint_dir(config, world);
+  const std::optional<checkpoint::DirectoryLock> dir_lock =
+      prepare_checkpoint_dir(config, world, resume, options.overwrite, log);
   const Device device = resolve_device(tc.device, options.local_rank);
   if (device.is_cuda()) cuda::set_device(device.index);
   std::unique_ptr<ProcessGroup> gpu_group = device_group(world, tc.device, device, local_size);
@@ -169,7 +172,9 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   const Shape in_shape = batch_shape(tc.micro_batch_size, model->sample_input_shape(tc.seq_len));
   const Shape tgt_shape = batch_shape(tc.micro_batch_size, model->sample_target_shape(tc.seq_len));
   const DType in_dtype = loss_kind == models::LossKind::CrossEntropy ? DType::I32 : DType::F32;
-  const double tokens_per_sample = loss_kind == models::LossKind::CrossEntropy ? static_cast<double>(tc.seq_len) : 1.0;
+  // The toy model has samples, not tokens: its throughput is reported in samples/s.
+  const bool has_tokens = loss_kind == models::LossKind::CrossEntropy;
+  const double tokens_per_sample = has_tokens ? static_cast<double>(tc.seq_len) : 1.0;
 
   // Batch buffers are sized once; the step fills them in place.
   // On a GPU the host buffers are copied into device twins before each step.
@@ -187,9 +192,14 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   int64_t first_step = 0;
   TerminateHandler sigterm;
   Checkpointer checkpointer(config, sharded, *optimizer, world, log, n_params);
-  if (std::optional<ResumePoint> point = checkpointer.load(options.resume)) {
+  if (std::optional<ResumePoint> point = checkpointer.load(resume)) {
     first_step = point->step;
     consumed = point->consumed;
+  }
+  if (options.stop_after > 0 && options.stop_after <= first_step) {
+    throw AgreedError(
+        format("--stop-after {} is not after step {}, where this run resumes", options.stop_after, first_step),
+        __FILE__, __LINE__);
   }
   int64_t last_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
   bool terminated = false;
@@ -237,11 +247,15 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     const double loss = loss_sum.data<float>()[0] / static_cast<double>(count);
     const double grad_norm = std::sqrt(sharded.grad_norm_squared());
     // Every rank sees the same loss and norm (both reduced over the world), so all stop together.
-    ST_CHECK(std::isfinite(loss) && std::isfinite(grad_norm),
-             "step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, so no non-finite "
-             "state is saved{}; lower optim.lr or check the data",
-             step + 1, loss, grad_norm,
-             config.checkpoint.dir.empty() ? std::string() : " (the last checkpoint in checkpoint.dir stays latest)");
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      throw AgreedError(
+          format(
+              "step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, so no "
+              "non-finite state is saved{}; lower optim.lr or check the data",
+              step + 1, loss, grad_norm,
+              config.checkpoint.dir.empty() ? std::string() : " (the last checkpoint in checkpoint.dir stays latest)"),
+          __FILE__, __LINE__);
+    }
     const double clip = optim::clip_coefficient(grad_norm, config.optim.grad_clip);
     if (clip < 1.0) {
       for (const optim::Segment& segment : sharded.segments()) optim::scale_grad(segment, clip);
@@ -262,7 +276,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     sm.loss = loss;
     sm.lr = lr;
     sm.grad_norm = grad_norm;
-    sm.tokens_per_s = tokens_per_sample * static_cast<double>(tc.global_batch_size) / step_seconds;
+    sm.samples_per_s = static_cast<double>(tc.global_batch_size) / step_seconds;
+    sm.tokens_per_s = has_tokens ? static_cast<double>(tc.seq_len) * sm.samples_per_s : -1.0;
     sm.elapsed_s = elapsed;
     sm.eta_s = elapsed / static_cast<double>(step + 1 - first_step) * static_cast<double>(tc.steps - step - 1);
     sm.peak_bytes = allocator.stats().peak_bytes;
@@ -294,10 +309,14 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
                           static_cast<double>(timed_steps) / timed_seconds;
     if (device_peak > 0) result.mfu = mfu(result.tokens_per_s / world.size(), flops.flops_per_token, device_peak);
   }
-  log.info0("done: steps {}..{}, final loss {:.4f}, {:.0f} tokens/s{}, peak {:.3f} GB on {}", first_step + 1, last_step,
-            result.losses.empty() ? 0.0 : result.losses.back(), result.tokens_per_s,
-            result.mfu >= 0 ? format(" (MFU {:.1f}%)", 100.0 * result.mfu) : std::string(), result.peak_bytes / 1e9,
-            device.str());
+  // The first step is not timed, so a one-step run has no throughput to report.
+  const std::string rate = timed_steps <= 0 ? std::string("throughput n/a (one step, which includes warm-up)")
+                           : has_tokens     ? format("{:.0f} tokens/s", result.tokens_per_s)
+                                            : format("{:.0f} samples/s", result.tokens_per_s);
+  log.summary0("done: steps {}..{}, final loss {:.4f}, {}{}, peak {} on {}", first_step + 1, last_step,
+               result.losses.back(), rate,
+               result.mfu >= 0 ? format(" (MFU {:.1f}%)", 100.0 * result.mfu) : std::string(),
+               human_bytes(result.peak_bytes), device.str());
   return result;
 }
 

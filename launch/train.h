@@ -13,14 +13,15 @@ namespace st::launch {
 
 /// Run control from the command line.
 struct TrainOptions {
-  int64_t stop_after = 0;        // save and stop after this step (0: run to train.steps)
-  std::string resume = "never";  // auto | never | checkpoint directory
-  int local_rank = 0;            // rank among this host's processes: picks the GPU (local_rank % GPUs)
+  int64_t stop_after = 0;  // save and stop after this step (0: run to train.steps)
+  std::string resume;      // auto | never | checkpoint directory; empty: auto when checkpoint.dir is set
+  int local_rank = 0;      // rank among this host's processes: picks the GPU (local_rank % GPUs)
+  bool overwrite = false;  // move checkpoint.dir's checkpoints aside and start from step 0
 };
 
 struct TrainResult {
   std::vector<double> losses;  // per completed step, mean over the global batch
-  double tokens_per_s = 0;     // mean throughput over the steps after the first
+  double tokens_per_s = 0;     // mean throughput over the steps after the first (samples/s for the toy model)
   int64_t num_parameters = 0;
   double mfu = -1;         // over the steps after the first; < 0 when unknown (CPU, unknown GPU)
   int64_t peak_bytes = 0;  // largest per-step peak of this rank's device allocator

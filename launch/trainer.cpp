@@ -31,8 +31,14 @@ int run(const std::vector<std::string>& argv) {
     std::fputs(st::launch::config_keys_markdown().c_str(), stdout);
     return 0;
   }
-  // Loading the config first means a bad file fails before MPI starts.
-  st::Config config = st::load_config(args.config_path, args.overrides);
+  // Loading the config first means a bad file fails before MPI starts. Every
+  // rank loads the same file, so every rank fails alike: rank 0 reports it.
+  st::Config config;
+  try {
+    config = st::load_config(args.config_path, args.overrides);
+  } catch (const st::Error& e) {
+    throw st::AgreedError(e.message(), __FILE__, __LINE__);
+  }
   if (args.print_config) {
     std::fputs(st::to_yaml(config).c_str(), stdout);
     return 0;
@@ -43,9 +49,11 @@ int run(const std::vector<std::string>& argv) {
   st::Logger log(world.rank(), world.size(),
                  st::parse_log_level(args.log_level.empty() ? config.logging.level : args.log_level));
   const st::WorldInfo& info = comm.info();
-  log.info0("shardtrain: config {} | {} rank(s) ({} backend) | {} GPU(s) visible, CUDA {}", args.config_path,
-            world.size(), world.backend_name(), st::cuda::device_count(),
-            st::cuda::compiled_with_cuda() ? "built in" : "not built");
+  std::string overrides;
+  for (const std::string& o : args.overrides) overrides += (overrides.empty() ? "" : ", ") + o;
+  log.info0("shardtrain: config {}{} | {} rank(s) ({} backend) | {} GPU(s) visible, CUDA {}", args.config_path,
+            overrides.empty() ? std::string(" (no overrides)") : " with " + overrides, world.size(),
+            world.backend_name(), st::cuda::device_count(), st::cuda::compiled_with_cuda() ? "built in" : "not built");
   log.debug("local rank {}/{}", info.local_rank, info.local_size);
   if (args.self_check) {
     st::launch::SelfCheckReport report = st::launch::run_self_check(world, log, int64_t{16} << 20);
@@ -56,7 +64,14 @@ int run(const std::vector<std::string>& argv) {
     log.info0("collective self-check passed: {} checks, 0 wrong elements", report.checks.size());
     return 0;
   }
-  st::launch::train(config, world, log, info.local_size, {args.stop_after, args.resume, info.local_rank});
+  st::ScheduleConfig& schedule = config.optim.schedule;
+  if (schedule.warmup_steps > config.train.steps) {
+    log.warn0("optim.schedule.warmup_steps {} is longer than the run (train.steps {}); warming up over all {} steps",
+              schedule.warmup_steps, config.train.steps, config.train.steps);
+    schedule.warmup_steps = config.train.steps;
+  }
+  st::launch::train(config, world, log, info.local_size,
+                    {args.stop_after, args.resume, info.local_rank, args.overwrite});
   return 0;
 }
 
@@ -66,6 +81,15 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     return run(args);
+  } catch (const st::AgreedError& e) {
+    // The launcher's environment says which rank this is even when MPI never started.
+    bool first = true;
+    try {
+      first = st::detect_world().rank == 0;
+    } catch (const st::Error&) {
+    }
+    if (first) std::fprintf(stderr, "trainer: error: %s\n", e.message().c_str());
+    return 1;
   } catch (const st::Error& e) {
     std::fprintf(stderr, "trainer: error: %s\n", e.message().c_str());
     return 1;

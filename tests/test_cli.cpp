@@ -39,6 +39,8 @@ TEST(TrainerArgs, Errors) {
   EXPECT_EQ(error_of({}), "missing --config FILE (for example --config configs/toy.yaml)");
   EXPECT_EQ(error_of({"--config", "a.yaml", "--bogus"}), "unknown argument '--bogus' (see --help)");
   EXPECT_EQ(error_of({"--config"}), "--config needs a value (see --help)");
+  EXPECT_EQ(error_of({"--config", "a.yaml", "--overwrite", "--resume", "auto"}),
+            "--overwrite starts the run over, so it cannot be combined with --resume auto");
   EXPECT_EQ(error_of({"--config", "a.yaml", "--steps", "0"}), "--steps 0: expected a positive integer");
   EXPECT_EQ(error_of({"--config", "a.yaml", "--steps", "ten"}), "--steps ten: expected a positive integer");
   EXPECT_EQ(error_of({"--config", "a.yaml", "--set", "train.steps"}),
@@ -49,7 +51,11 @@ TEST(TrainerArgs, StopAfterAndResume) {
   TrainerArgs a = parse_trainer_args({"--config", "c.yaml", "--stop-after", "10", "--resume", "auto"});
   EXPECT_EQ(a.stop_after, 10);
   EXPECT_EQ(a.resume, "auto");
-  EXPECT_EQ(parse_trainer_args({"--config", "c.yaml"}).resume, "never");
+  // Empty: the trainer resumes automatically when checkpoint.dir is set.
+  EXPECT_EQ(parse_trainer_args({"--config", "c.yaml"}).resume, "");
+  EXPECT_FALSE(parse_trainer_args({"--config", "c.yaml"}).overwrite);
+  EXPECT_TRUE(parse_trainer_args({"--config", "c.yaml", "--overwrite"}).overwrite);
+  EXPECT_TRUE(parse_trainer_args({"--config", "c.yaml", "--overwrite", "--resume", "never"}).overwrite);
   EXPECT_EQ(error_of({"--config", "c.yaml", "--stop-after", "-1"}), "--stop-after -1: expected a positive integer");
 }
 

@@ -235,21 +235,22 @@ TEST(Resume, NothingAtAll) {
 TEST(Retention, KeepsNewestAndLatestTarget) {
   TempRoot tmp;
   for (int64_t step : {100, 200, 300, 400, 500}) save(tmp.path(), step);
-  apply_retention(tmp.path(), 0);
+  EXPECT_TRUE(apply_retention(tmp.path(), 0).empty());
   EXPECT_EQ(complete_steps(tmp.path()), (std::vector<int64_t>{100, 200, 300, 400, 500}));
 
   write_text(tmp.path() / "latest", "step-000200\n");                 // e.g. the user pointed latest back
   fs::create_directories(tmp.path() / ".tmp-step-000600-999999999");  // debris of a killed run
   fs::create_directories(tmp.path() / "step-000050");                 // incomplete: not ours to delete
   PendingCheckpoint ours(tmp.path(), 600);                            // this process's save in progress
-  apply_retention(tmp.path(), 2);
+  // The deleted checkpoints are reported (for the run's log); debris is not.
+  EXPECT_EQ(apply_retention(tmp.path(), 2), (std::vector<std::string>{"step-000100", "step-000300"}));
   EXPECT_EQ(complete_steps(tmp.path()), (std::vector<int64_t>{200, 400, 500}));
   EXPECT_FALSE(fs::exists(tmp.path() / ".tmp-step-000600-999999999"));
   EXPECT_TRUE(fs::exists(ours.path()));
   EXPECT_TRUE(fs::exists(tmp.path() / "step-000050"));
 
   write_text(tmp.path() / "latest", "step-000500\n");
-  apply_retention(tmp.path(), 1);
+  EXPECT_EQ(apply_retention(tmp.path(), 1), (std::vector<std::string>{"step-000200", "step-000400"}));
   EXPECT_EQ(complete_steps(tmp.path()), std::vector<int64_t>{500});
 }
 

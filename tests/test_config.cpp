@@ -423,8 +423,17 @@ TEST(Config, ValidateNamesTheKey) {
   EXPECT_EQ(validate_error([](Config& c) { c.optim.grad_clip = -1; }),
             "invalid value -1.0 for 'optim.grad_clip': expected a non-negative number within F32 range (0 "
             "disables clipping)");
-  EXPECT_EQ(validate_error([](Config& c) { c.optim.schedule.warmup_steps = 101; }),
-            "invalid value 101 for 'optim.schedule.warmup_steps': expected an integer from 0 to train.steps (100)");
+  EXPECT_EQ(validate_error([](Config& c) { c.optim.schedule.warmup_steps = -1; }),
+            "invalid value -1 for 'optim.schedule.warmup_steps': expected a non-negative integer");
+  // Longer than the run is the trainer's to clamp (with a warning), not an error.
+  EXPECT_EQ(validate_error([](Config& c) { c.optim.schedule.warmup_steps = 101; }), "<no error>");
+  EXPECT_EQ(validate_error([](Config& c) {
+              c.checkpoint.format = CheckpointFormat::Sharded;
+              c.checkpoint.unified_checkpoint_config = {"skip_save_model_weight"};
+            }),
+            "invalid value skip_save_model_weight for 'checkpoint.unified_checkpoint_config': expected no "
+            "skip_save_model_weight with checkpoint.format: sharded (that layout stores only master weights and "
+            "optimizer state already)");
   EXPECT_EQ(validate_error([](Config& c) { c.optim.schedule.min_lr = 1e-3; }),
             "invalid value 0.001 for 'optim.schedule.min_lr': expected a number from 0 to optim.lr (0.0003)");
   EXPECT_EQ(validate_error([](Config& c) { c.data.kind = DataKind::Tokens; }),
