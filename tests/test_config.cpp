@@ -150,8 +150,8 @@ checkpoint:
   verify: false
   init_from: hf/llama
   unified_checkpoint_config:
-    - skip_save_model_weight
     - master_weight_compatible
+    - enable_all_options
 logging:
   interval: 2
   metrics_file: metrics.jsonl
@@ -206,7 +206,7 @@ logging:
   EXPECT_FALSE(c.checkpoint.verify);
   EXPECT_EQ(c.checkpoint.init_from, "hf/llama");
   EXPECT_EQ(c.checkpoint.unified_checkpoint_config,
-            (std::vector<std::string>{"skip_save_model_weight", "master_weight_compatible"}));
+            (std::vector<std::string>{"master_weight_compatible", "enable_all_options"}));
   EXPECT_EQ(c.logging.interval, 2);
   EXPECT_EQ(c.logging.metrics_file, "metrics.jsonl");
   EXPECT_EQ(c.logging.level, "debug");
