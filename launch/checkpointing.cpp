@@ -385,7 +385,7 @@ void Checkpointer::finish_in_flight() {
   if (!in_flight_) return;
   std::unique_ptr<InFlight> f = std::move(in_flight_);
   if (f->writer.joinable()) f->writer.join();
-  std::vector<std::string> files;
+  std::vector<std::string> files, deleted;
   try {
     files = f->staged->finish();
   } catch (const Error& e) {
@@ -403,10 +403,7 @@ void Checkpointer::finish_in_flight() {
       files.emplace_back(kHfConfig);
     }
     f->pending->commit(files);
-    const std::vector<std::string> deleted =
-        checkpoint::apply_retention(config_.checkpoint.dir, config_.checkpoint.keep_last);
-    if (!deleted.empty())
-      log_.info0("checkpoint.keep_last {}: deleted {}", config_.checkpoint.keep_last, join(deleted, ", "));
+    deleted = checkpoint::apply_retention(config_.checkpoint.dir, config_.checkpoint.keep_last);
   });
   const double secs = since(f->start);
   log_.info0("saved checkpoint {}/{} ({}{}): {} in {:.3f} s ({:.3f} GB/s), training blocked {:.3f} s",
@@ -414,6 +411,8 @@ void Checkpointer::finish_in_flight() {
              config_.checkpoint.format == CheckpointFormat::Unified ? "unified" : "sharded",
              config_.checkpoint.async ? ", async" : "", human_bytes(f->total_bytes), secs,
              static_cast<double>(f->total_bytes) / secs / 1e9, config_.checkpoint.async ? f->blocking_s : secs);
+  if (!deleted.empty())
+    log_.info0("checkpoint.keep_last {}: deleted {}", config_.checkpoint.keep_last, join(deleted, ", "));
 }
 
 bool Checkpointer::end_of_step(bool stop_here) {
