@@ -46,15 +46,16 @@ std::string creation_problem(const fs::path& root, const std::error_code& ec) {
   return ec.message();
 }
 
-// Writes all of `data` or throws.
-void write_fully(int fd, const char* data, size_t n, const fs::path& path) {
+// Writes all of `data`; returns 0 or the errno of the failure.
+int write_fully(int fd, const char* data, size_t n) {
   while (n > 0) {
     const ssize_t got = ::write(fd, data, n);
     if (got < 0 && errno == EINTR) continue;
-    ST_CHECK(got > 0, "'{}' cannot be written: {}", path.string(), errno_text(got < 0 ? errno : EIO));
+    if (got <= 0) return got < 0 ? errno : EIO;
     data += got;
     n -= static_cast<size_t>(got);
   }
+  return 0;
 }
 
 }  // namespace
@@ -116,12 +117,10 @@ void probe_writable_dir(const fs::path& root, const std::string& probe_name) {
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ST_CHECK(fd >= 0, "'{}' is not writable: {}", root.string(), errno_text(errno));
   std::string problem;
-  try {
-    write_fully(fd, data.data(), data.size(), probe);
-    if (::fsync(fd) != 0) problem = format("fsync failed: {}", errno_text(errno));
-  } catch (const Error& e) {
-    problem = e.message();
-  }
+  if (const int e = write_fully(fd, data.data(), data.size()); e != 0)
+    problem = errno_text(e);
+  else if (::fsync(fd) != 0)
+    problem = format("fsync failed: {}", errno_text(errno));
   if (::close(fd) != 0 && problem.empty()) problem = format("close failed: {}", errno_text(errno));
   ::unlink(probe.c_str());
   ST_CHECK(problem.empty(), "'{}' is not writable: {}", root.string(), problem);

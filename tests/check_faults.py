@@ -14,8 +14,10 @@ CHECK is one of:
               --resume auto, which says so and loads the next older one. A loss
               that becomes non-finite (weights of 3e38 loaded) stops the toy model
               and llama at their first step (exit 1, message names the step).
-  ckpt-dir    checkpoint.dir under a regular file, and on procfs, fail before step 1
-              with exit 1 and a message naming checkpoint.dir (and write nothing).
+  ckpt-dir    checkpoint.dir under a regular file, on procfs, on a read-only and on a
+              full file system (private tmpfs mounts), and with less free space than
+              one checkpoint, fail before step 1 with exit 1 and a message naming
+              checkpoint.dir; room for fewer than two checkpoints is a warning.
   lock        a second job on the checkpoint.dir of a running job fails at
               start-up naming the first job's pid and host; the first job
               finishes with exit 0 and all its checkpoints; after it (and after a
@@ -200,6 +202,41 @@ def check_ckpt_dir(trainer, ckpt_tool, tmp):
             fail(f"checkpoint.dir={where}: training ran before the directory was checked")
         print(f"ckpt-dir: {where}: exit 1 before step 1 ({time.time() - t0:.1f} s including mpirun): "
               f"{[ln for ln in proc.stderr.splitlines() if 'error' in ln][0][:150]}")
+    check_file_systems(trainer, tmp)
+
+
+def in_tmpfs(tmp, options, fill, cmd):
+    """Runs `cmd` (ending in the checkpoint.dir value, as '{mnt}/ckpt') in a private
+    mount namespace where {mnt} is a fresh tmpfs mounted with `options`; `fill`
+    bytes are written into it first. None when this machine cannot do that."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        return None
+    mnt = os.path.join(tmp, "mnt-" + options.replace(",", "-").replace("=", ""))
+    os.makedirs(mnt, exist_ok=True)
+    script = ('mount -t tmpfs -o "$1" none "$2" || exit 99; '
+              'if [ "$3" -gt 0 ]; then head -c "$3" /dev/zero > "$2/fill" 2>/dev/null; fi; '
+              'case "$1" in ro*) mount -o remount,ro "$2" || exit 99;; esac; shift 3; exec "$@"')
+    args = [a.replace("{mnt}", mnt) for a in cmd]
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", options, mnt, str(fill)] + args,
+                          cwd=ROOT, capture_output=True, text=True)
+    return None if proc.returncode == 99 else proc
+
+
+def check_file_systems(trainer, tmp):
+    """Read-only, full and nearly full file systems, on tmpfs mounts of our own."""
+    base = [trainer, "--config", TINY, "--steps", "2", "--set", "checkpoint.dir={mnt}/ckpt"]
+    cases = (("ro,size=4m", 0, 1, "cannot be created: Read-only file system"),
+             ("size=256k", 256 << 10, 1, "is not writable: No space left on device"),
+             ("size=1m", 0, 1, "less than one checkpoint of this run needs (about 1.7 MB)"),
+             ("size=3m", 0, 0, "room for fewer than two checkpoints of about 1.7 MB each"))
+    for options, fill, code, text in cases:
+        proc = in_tmpfs(tmp, options, fill, base)
+        if proc is None:
+            print(f"ckpt-dir: tmpfs {options}: this machine cannot mount a private tmpfs; case not run")
+            continue
+        expect(proc, code, "checkpoint.dir", text, what=f"tmpfs {options}")
+        line = [ln for ln in proc.stderr.splitlines() if "checkpoint.dir '" in ln][0]
+        print(f"ckpt-dir: tmpfs {options}{' filled' if fill else ''}: exit {proc.returncode}: {line[:170]}")
 
 
 def check_lock(trainer, ckpt_tool, tmp):
