@@ -104,14 +104,31 @@ std::string trim(std::string s) {
 }
 
 /// Content of `path`, or nullopt when it does not exist.
-std::optional<std::string> read_small_file(const fs::path& path) {
+/// The contents of `path`, a small regular file (`latest`, a COMPLETE
+/// marker). nullopt, with the reason in `problem`, when it is missing, cannot
+/// be reached (a symlink loop, no permission), is not a regular file or is
+/// unreadable. Anything but a regular file is refused before it is opened, so
+/// a FIFO never blocks and a directory never reads as empty.
+std::optional<std::string> read_small_file(const fs::path& path, std::string* problem = nullptr) {
+  auto fail = [&](std::string why) -> std::optional<std::string> {
+    if (problem) *problem = format("{} {}", path.string(), why);
+    return std::nullopt;
+  };
   std::error_code ec;
-  if (!fs::exists(path, ec) && !ec) return std::nullopt;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) return fail("cannot be opened: " + ec.message());
+  if (!fs::exists(st)) return fail("does not exist");
+  if (!fs::is_regular_file(st))
+    return fail(fs::is_directory(st) ? "is a directory, not a file" : "is not a regular file");
+  constexpr uintmax_t kMaxBytes = 1 << 20;  // a marker lists a few files; anything larger is not ours
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec || size > kMaxBytes)
+    return fail(ec ? "cannot be read: " + ec.message() : format("has {} bytes, too many", size));
   std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open {}: {}", path.string(), errno_text());
+  if (!in.good()) return fail("cannot be opened: " + errno_text());
   std::ostringstream ss;
   ss << in.rdbuf();
-  ST_CHECK(!in.bad(), "cannot read {}: {}", path.string(), errno_text());
+  if (in.bad()) return fail("cannot be read: " + errno_text());
   return ss.str();
 }
 
@@ -169,9 +186,16 @@ std::span<const std::string_view> commit_stages() { return stage_names; }
 
 std::string incomplete_reason(const fs::path& dir, int64_t step) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return "directory does not exist";
-  auto marker = read_small_file(dir / complete_marker_name);
-  if (!marker) return "missing COMPLETE marker";
+  const bool is_dir = fs::is_directory(dir, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) return "directory cannot be opened: " + ec.message();
+  if (!is_dir) return "directory does not exist";
+  std::string problem;
+  auto marker = read_small_file(dir / complete_marker_name, &problem);
+  if (!marker) {
+    std::error_code missing;
+    if (!fs::exists(fs::symlink_status(dir / complete_marker_name, missing))) return "missing COMPLETE marker";
+    return "COMPLETE marker unusable: " + problem;
+  }
   // The last line is the CRC32C of everything before it: a torn or edited
   // marker must not vouch for files it no longer describes.
   const std::string& text = *marker;
@@ -337,7 +361,12 @@ void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
   fs::path latest_tmp = root_ / latest_tmp_name;
   write_file_synced(latest_tmp, step_dir_name(step_) + "\n", [&] { stage("latest_tmp_written"); });
   stage("latest_tmp_synced");
-  rename_path(latest_tmp, root_ / latest_file_name);
+  // rename() replaces a file, a FIFO or a symlink, but not a directory: one in
+  // the way (a user's mistake) is moved aside, never deleted.
+  const fs::path latest = root_ / latest_file_name;
+  if (std::error_code lstat_ec; fs::is_directory(fs::symlink_status(latest, lstat_ec)))
+    rename_path(latest, root_ / format("{}.not-a-file-{}", latest_file_name, ::getpid()));
+  rename_path(latest_tmp, latest);
   stage("latest_renamed");
   fsync_path(root_, true);
   stage("committed");
@@ -359,17 +388,16 @@ std::vector<int64_t> complete_steps(const fs::path& root) {
 
 std::optional<ResumeChoice> choose_resume(const fs::path& root) {
   std::string problem;
-  auto text = read_small_file(root / latest_file_name);
+  auto text = read_small_file(root / latest_file_name, &problem);
   if (!text) {
-    problem = format("{} does not exist", (root / latest_file_name).string());
+    // `problem` says why: missing, a directory, a FIFO, a symlink loop, unreadable.
   } else if (auto step = parse_step_dir_name(trim(*text)); !step) {
     problem = format("{} holds '{}', not a step-NNNNNN name", (root / latest_file_name).string(), trim(*text));
   } else {
     fs::path dir = root / step_dir_name(*step);
-    std::error_code ec;
     std::string reason = incomplete_reason(dir, *step);
     if (reason.empty()) return ResumeChoice{dir.string(), *step, {}};
-    if (!fs::exists(dir, ec))
+    if (reason == "directory does not exist")
       problem = format("latest names {}, which does not exist", step_dir_name(*step));
     else
       problem = format("latest names {}, which is incomplete ({})", step_dir_name(*step), reason);

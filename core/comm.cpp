@@ -340,4 +340,21 @@ std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::stri
   return out;
 }
 
+void run_on_every_rank(ProcessGroup& group, const std::function<void()>& f) {
+  std::string error;
+  try {
+    f();
+  } catch (const Error& e) {
+    error = e.message();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const std::vector<std::string> errors =
+      group.size() == 1 ? std::vector<std::string>{error} : all_gather_strings(group, error);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (errors[r].empty()) continue;
+    throw AgreedError(group.size() == 1 ? errors[r] : format("rank {}: {}", r, errors[r]), __FILE__, __LINE__);
+  }
+}
+
 }  // namespace st

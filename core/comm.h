@@ -161,6 +161,13 @@ std::string broadcast_string(ProcessGroup& group, const std::string& text, int r
 /// Every rank's `text`, indexed by rank (collective).
 std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& text);
 
+/// Runs `f` on every rank of `group` and agrees on its outcome (collective):
+/// when it throws on any rank, every rank throws the same st::AgreedError
+/// with the message of the lowest failing rank, prefixed "rank r: " when the
+/// group has several ranks. So no rank goes on alone into a collective that
+/// the failed rank will never join, and main() prints the error once.
+void run_on_every_rank(ProcessGroup& group, const std::function<void()>& f);
+
 /// A world-size-1 group: every collective is a copy (or nothing) and completes at once.
 std::unique_ptr<ProcessGroup> make_local_group();
 /// The MPI_COMM_WORLD group; MPI must be initialised (CommRuntime does it).

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <concepts>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -643,11 +644,27 @@ Config load_config_from_string(std::string_view yaml, std::string_view source_na
 }
 
 Config load_config(const std::string& path, std::span<const std::string> overrides) {
+  // A directory opens as a stream on Linux and reads as empty, which would
+  // silently train the defaults; so would a FIFO block. Only a regular file will do.
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  ST_CHECK(!ec && std::filesystem::exists(status), "cannot open config file '{}'", path);
+  ST_CHECK(!std::filesystem::is_directory(status),
+           "config file '{}' is a directory; pass a YAML file, e.g. --config configs/llama-tiny.yaml", path);
+  ST_CHECK(std::filesystem::is_regular_file(status), "config file '{}' is not a regular file", path);
   std::ifstream in(path, std::ios::binary);
   ST_CHECK(in.good(), "cannot open config file '{}'", path);
   std::ostringstream text;
   text << in.rdbuf();
   ST_CHECK(!in.bad(), "cannot read config file '{}'", path);
+  // A file with no settings is a mistake (a wrong path, a truncated copy), not a request for the defaults.
+  bool has_content = false;
+  std::istringstream lines(text.str());
+  for (std::string line; !has_content && std::getline(lines, line);) {
+    const size_t first = line.find_first_not_of(" \t\r");
+    has_content = first != std::string::npos && line[first] != '#' && line.compare(first, 3, "---") != 0;
+  }
+  ST_CHECK(has_content, "config file '{}' is empty (no settings, only blank lines or comments)", path);
   // Errors name the path as the user gave it, so it can be pasted back.
   return load_config_from_string(text.str(), path, overrides);
 }

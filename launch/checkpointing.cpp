@@ -88,30 +88,12 @@ void write_text(const std::string& path, const std::string& text) {
   ST_CHECK(out.good(), "cannot write {}", path);
 }
 
-// Runs `f` on every rank and shares the outcome: when it fails anywhere, every
-// rank throws the same message, prefixed with the rank it came from.
-template <class F>
-void on_every_rank(ProcessGroup& world, F&& f) {
-  std::string error;
-  try {
-    f();
-  } catch (const Error& e) {
-    error = e.message();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  std::vector<std::string> errors = all_gather_strings(world, error);
-  // Every rank throws the same message, so main() prints it once.
-  for (size_t r = 0; r < errors.size(); ++r) {
-    if (errors[r].empty()) continue;
-    throw AgreedError(world.size() == 1 ? errors[r] : format("rank {}: {}", r, errors[r]), __FILE__, __LINE__);
-  }
-}
-
 // A checkpoint root holding `latest` stands for the checkpoint it names.
 std::string resolve_checkpoint_dir(const std::string& path, Logger& log) {
-  if (fs::exists(fs::path(path) / checkpoint::latest_file_name) &&
-      !fs::exists(fs::path(path) / checkpoint::complete_marker_name)) {
+  std::error_code ec;
+  const bool has_latest = fs::exists(fs::symlink_status(fs::path(path) / checkpoint::latest_file_name, ec));
+  const bool has_marker = fs::exists(fs::symlink_status(fs::path(path) / checkpoint::complete_marker_name, ec));
+  if (has_latest && !has_marker) {
     std::optional<checkpoint::ResumeChoice> choice = checkpoint::choose_resume(path);
     ST_CHECK(choice.has_value(), "'{}' holds no complete checkpoint", path);
     if (!choice->note.empty()) log.warn0("{}: {}", path, choice->note);
@@ -247,7 +229,7 @@ std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& co
   // The probe first, so an unusable directory is reported as such rather than
   // as a lock file that cannot be created; its file names are this process's
   // own, so probing a directory another job holds disturbs nothing.
-  on_every_rank(world, [&] {
+  run_on_every_rank(world, [&] {
     try {
       checkpoint::probe_writable_dir(dir, format(".probe-rank{}-pid{}", world.rank(), ::getpid()));
     } catch (const Error& e) {
@@ -255,7 +237,7 @@ std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& co
     }
   });
   std::optional<checkpoint::DirectoryLock> lock;
-  on_every_rank(world, [&] {
+  run_on_every_rank(world, [&] {
     if (world.rank() != 0) return;
     try {
       lock.emplace(dir);
@@ -295,7 +277,7 @@ Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, opti
   if (unified && !skip_model) per_param += static_cast<int64_t>(dtype_size(dtype));
   if (!unified || skip_model || dtype != DType::F32) per_param += 4;
   const int64_t need = per_param * num_parameters;
-  on_every_rank(world_, [&] {
+  run_on_every_rank(world_, [&] {
     const int64_t free = checkpoint::free_bytes(c.dir);
     ST_CHECK(free >= need,
              "checkpoint.dir '{}' has {} free, less than one checkpoint of this run needs (about {}); free some "
@@ -318,7 +300,7 @@ void Checkpointer::save(int64_t step, int64_t consumed) {
   f->step = step;
   f->start = Clock::now();
   std::string tmp;
-  on_every_rank(world_, [&] {
+  run_on_every_rank(world_, [&] {
     if (world_.rank() != 0) return;
     f->pending.emplace(c.dir, step);
     tmp = f->pending->path().string();
@@ -393,7 +375,7 @@ void Checkpointer::finish_in_flight() {
     ST_FAIL("checkpoint of step {} was not committed ({}): {}", f->step, latest_note(config_.checkpoint.dir),
             e.message());
   }
-  on_every_rank(world_, [&] {
+  run_on_every_rank(world_, [&] {
     if (world_.rank() != 0) return;
     const std::string dir = f->pending->path().string();
     write_text(dir + "/" + kTrainerState, f->state.dump(2) + "\n");
@@ -573,7 +555,7 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
   checkpoint::Catalog catalog;
   std::vector<StateEntry> entries = training_state(model_, optimizer_, !init);
   // Nothing but indexes and headers is read before the fit is checked.
-  on_every_rank(world_, [&] {
+  run_on_every_rank(world_, [&] {
     if (!init) {
       const std::string state_path = path + "/" + kTrainerState;
       std::error_code ec;
@@ -600,7 +582,7 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
                path, point.step, config_.train.steps, point.step == config_.train.steps ? ": this run is finished" : "",
                point.step + config_.train.steps));
   }
-  on_every_rank(world_, [&] {
+  run_on_every_rank(world_, [&] {
     checkpoint::LoadOptions options;
     options.verify = c.verify;
     options.verify_rank = world_.rank();

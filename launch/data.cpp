@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <system_error>
@@ -310,12 +312,46 @@ struct TokenShard {
   std::string layout;  // "llm.c v1 uint16", "uint16", ...
 };
 
+// Index of the first token in [lo, hi) of little-endian T tokens at `p` that is
+// >= limit, or -1. Blocks are reduced to their maximum first (a loop the
+// compiler vectorises), so a clean corpus is scanned at memory speed.
+template <class T>
+int64_t first_at_or_above(const unsigned char* p, int64_t lo, int64_t hi, int64_t limit) {
+  static_assert(std::endian::native == std::endian::little, "tokens are read in place as little-endian");
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b = lo; b < hi; b += kBlock) {
+    const int64_t n = std::min(kBlock, hi - b);
+    T top = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      T v;
+      std::memcpy(&v, p + (b + i) * static_cast<int64_t>(sizeof(T)), sizeof(T));
+      top = std::max(top, v);
+    }
+    if (static_cast<int64_t>(top) < limit) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      T v;
+      std::memcpy(&v, p + (b + i) * static_cast<int64_t>(sizeof(T)), sizeof(T));
+      if (static_cast<int64_t>(v) >= limit) return b + i;
+    }
+  }
+  return -1;
+}
+
 TokenShard open_shard(const fs::path& path, TokenDType headerless_dtype) {
   TokenShard shard{path.string(), MappedFile(path, "tokens"), 0, 2, 0, ""};
   const std::string& name = shard.path;
   const size_t bytes = shard.file.size();
   ST_CHECK(bytes > 0, "tokens file '{}' is empty", name);
 
+  // A file that starts like an llm.c shard but ends inside the header was cut
+  // short; reading it as headerless tokens would train on its header.
+  if (bytes >= 4 && bytes < kHeaderBytes) {
+    const uint32_t magic = read_u32_le(shard.file.data());
+    ST_CHECK(magic != kMagicGpt2 && magic != kMagicLlama3,
+             "tokens file '{}' has {} bytes but starts with the llm.c magic {}: it is shorter than the 1024-byte "
+             "header, so it is truncated",
+             name, bytes, magic);
+  }
   if (bytes >= kHeaderBytes) {
     const unsigned char* h = shard.file.data();
     const uint32_t magic = read_u32_le(h);
@@ -405,13 +441,37 @@ class TokensDataset final : public Dataset {
     for (int64_t k = 0; k <= seq_len_; ++k) {
       const size_t offset = first_byte + static_cast<size_t>(k) * static_cast<size_t>(shard.width);
       const uint32_t token = read_token(shard.file.data() + offset, shard.width);
-      // Checked here, not on load: a scan of every token of a large corpus at start-up would cost more than it saves.
+      // find_bad_token() checked every token at start-up; this guards direct use of the dataset.
       ST_CHECK(token < static_cast<uint64_t>(vocab_),
                "tokens file '{}': token {} at byte offset {} is >= model.vocab_size ({})", shard.path, token, offset,
                vocab_);
       if (k < seq_len_) in[k] = static_cast<int32_t>(token);
       if (k > 0) tgt[k - 1] = static_cast<int32_t>(token);
     }
+  }
+
+  std::string find_bad_token(int part, int parts) const override {
+    int64_t total = 0;
+    for (const TokenShard& s : shards_) total += s.num_tokens;
+    // Part `part` covers tokens [begin, end) of the shards laid end to end.
+    const int64_t begin = total / parts * part + std::min<int64_t>(part, total % parts);
+    const int64_t end = begin + total / parts + (part < total % parts ? 1 : 0);
+    int64_t first = 0;  // index of the shard's first token in that concatenation
+    for (const TokenShard& s : shards_) {
+      const int64_t lo = std::max(begin, first) - first;
+      const int64_t hi = std::min(end, first + s.num_tokens) - first;
+      first += s.num_tokens;
+      if (lo >= hi) continue;
+      const unsigned char* p = s.file.data() + s.data_offset;
+      const int64_t at = s.width == 2 ? first_at_or_above<uint16_t>(p, lo, hi, vocab_)
+                                      : first_at_or_above<uint32_t>(p, lo, hi, vocab_);
+      if (at < 0) continue;
+      const size_t offset = s.data_offset + static_cast<size_t>(at) * static_cast<size_t>(s.width);
+      return format("tokens file '{}': token {} at byte offset {} (token {} of the file) is >= model.vocab_size ({})",
+                    s.path, read_token(p + static_cast<size_t>(at) * static_cast<size_t>(s.width), s.width), offset, at,
+                    vocab_);
+    }
+    return {};
   }
 
   std::string describe() const override {

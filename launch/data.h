@@ -28,6 +28,16 @@ class Dataset {
   virtual void get(int64_t index, const Tensor& input_row, const Tensor& target_row) const = 0;
   /// One line for the start-up log ("text data/x.txt: 1.2 MB, 37,000 samples of 32 tokens").
   virtual std::string describe() const = 0;
+  /// Checks part `part` of `parts` of the stored data (contiguous, about
+  /// equal slices) for tokens outside the model's vocabulary; returns the first
+  /// problem, naming the file, the byte offset and the value, or "" (also for
+  /// data that cannot hold a bad token). Ranks each take one part, so the whole
+  /// corpus is checked once, in parallel, before training.
+  virtual std::string find_bad_token(int part, int parts) const {
+    (void)part;
+    (void)parts;
+    return {};
+  }
 };
 
 /// Samples per epoch of the generated datasets: synthetic token sequences
@@ -65,9 +75,10 @@ ToyTeacher toy_teacher(uint64_t seed);
 /// tokens: a file or a directory of *.bin files (sorted by name). A file is an
 ///   llm.c shard when it starts with a 1024-byte header of int32 (magic
 ///   20240520: uint16 tokens, 20240801: uint32 tokens; version; token count),
-///   else headerless tokens of width data.token_dtype. Samples are tiled as for
-///   text within each file and never cross a file boundary; a token >=
-///   model.vocab_size is an error when its sample is read.
+///   else headerless tokens of width data.token_dtype; a file that starts with
+///   an llm.c magic but is shorter than the header is an error. Samples are
+///   tiled as for text within each file and never cross a file boundary; a
+///   token >= model.vocab_size is found by find_bad_token() at start-up.
 /// toy (model.name toy): inputs uniform in [0, 1), targets from toy_teacher(seed).
 std::unique_ptr<Dataset> make_dataset(const Config& config);
 

@@ -145,7 +145,18 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(config.optim);
   for (const optim::Segment& segment : sharded.segments()) optimizer->add_segment(segment);
 
-  std::unique_ptr<Dataset> dataset = make_dataset(config);
+  // Every rank opens the data and checks its share of the tokens before step 1;
+  // a bad file stops every rank with one message.
+  std::unique_ptr<Dataset> dataset;
+  double scan_seconds = 0;
+  run_on_every_rank(world, [&] {
+    dataset = make_dataset(config);
+    const auto t0 = Clock::now();
+    const std::string bad = dataset->find_bad_token(world.rank(), world.size());
+    scan_seconds = seconds_since(t0);
+    ST_CHECK(bad.empty(), "{}", bad);
+  });
+  log.debug("data: this rank's share of the tokens checked against model.vocab_size in {:.3f} s", scan_seconds);
   MetricsFile metrics(world.rank() == 0 ? config.logging.metrics_file : std::string());
 
   log.info0("model {}: {} parameters ({:.2f} M)", config.model.name, n_params, n_params / 1e6);

@@ -30,6 +30,11 @@ CHECK is one of:
               A checkpoint at or past train.steps and a trainer_state.json with
               a negative or overflowing step are errors; `auto` falls back past a
               corrupt trainer_state.json but never past a misfit.
+  inputs      a token >= vocab_size at the end of the last of two llm.c files fails a
+              4-rank run before step 1 with one line naming the file, byte offset and
+              value; --config that is a directory, empty, only comments, a list or a
+              scalar fails with one line; `latest` that is a FIFO, a directory or a
+              symlink loop is reported and resume falls back, without hanging.
 Each check prints what it observed; a failure exits 1.
 """
 import json
@@ -64,6 +69,7 @@ def expect(proc, code, *texts, what=""):
     if proc.returncode != code or missing:
         sys.stderr.write(out[-4000:])
         fail(f"{what}: exit {proc.returncode} (expected {code}); missing from the output: {missing}")
+    return out
 
 
 def latest_name(root):
@@ -342,9 +348,86 @@ def check_strict(trainer, ckpt_tool, tmp):
     print("strict: --resume auto falls back past a corrupt trainer_state.json, not past a model mismatch")
 
 
+def llmc_shard(tokens):
+    """An llm.c uint16 shard: 256 int32 header (magic, version, count), then the tokens."""
+    header = struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253))
+    return header + struct.pack(f"<{len(tokens)}H", *tokens)
+
+
+def check_inputs(trainer, ckpt_tool, tmp):
+    # A token outside the vocabulary in the last position of the last file, at 4
+    # ranks: found at start-up by the rank that scans that part, reported once.
+    data = os.path.join(tmp, "tokens")
+    os.makedirs(data)
+    n = 200_000
+    with open(os.path.join(data, "a.bin"), "wb") as f:
+        f.write(llmc_shard([(7 * i) % 256 for i in range(n)]))
+    bad = [(11 * i) % 256 for i in range(n)]
+    bad[-1] = 300
+    bad_path = os.path.join(data, "b.bin")
+    with open(bad_path, "wb") as f:
+        f.write(llmc_shard(bad))
+    metrics = os.path.join(tmp, "inputs.jsonl")
+    proc = run(mpirun(4) + [trainer, "--config", TINY] +
+               sets(data__kind="tokens", data__path=data, logging__metrics_file=metrics), expect_ok=False)
+    want = (f"tokens file '{bad_path}': token 300 at byte offset {1024 + 2 * (n - 1)} (token {n - 1} of the file) "
+            f"is >= model.vocab_size (256)")
+    out = expect(proc, 1, "rank 3: " + want, what="out-of-range token at the end of the data")
+    errors = [ln for ln in out.splitlines() if "error:" in ln]
+    if len(errors) != 1 or os.path.exists(metrics):
+        fail(f"expected one error line before step 1, got {errors} (metrics written: {os.path.exists(metrics)})")
+    print(f"inputs: 4 ranks, token 300 at the end of b.bin: exit 1 before step 1: {errors[0][:170]}")
+    # The same corpus without the bad token trains.
+    bad[-1] = 5
+    with open(bad_path, "wb") as f:
+        f.write(llmc_shard(bad))
+    run(mpirun(2) + [trainer, "--config", TINY, "--steps", "2"] + sets(data__kind="tokens", data__path=data))
+
+    # Config files that are no config.
+    cases = {"dir": (None, "is a directory; pass a YAML file"),
+             "empty.yaml": ("", "is empty (no settings, only blank lines or comments)"),
+             "comments.yaml": ("# a comment\n\n", "is empty (no settings, only blank lines or comments)"),
+             "list.yaml": ("- model\n", "at the top level of {}, got a list"),
+             "scalar.yaml": ("llama\n", "at the top level of {}, got 'llama'")}
+    for name, (text, message) in cases.items():
+        path = os.path.join(tmp, name)
+        if text is None:
+            os.makedirs(path)
+        else:
+            with open(path, "w") as f:
+                f.write(text)
+        proc = run(mpirun(2) + [trainer, "--config", path], expect_ok=False)
+        out = expect(proc, 1, message.format(path), what=f"--config {name}")
+        if len([ln for ln in out.splitlines() if "error:" in ln]) != 1:
+            fail(f"--config {name}: expected one error line")
+    print("inputs: --config of a directory, an empty file, only comments, a list, a scalar: exit 1, one line each")
+
+    # `latest` that is a FIFO, a directory or a symlink loop: reported, fallback, no hang.
+    root = os.path.join(tmp, "latest")
+    run([trainer, "--config", TINY, "--stop-after", "10"] + sets(checkpoint__dir=root))
+    latest = os.path.join(root, "latest")
+    for kind in ("fifo", "directory", "loop"):
+        if os.path.isdir(latest) and not os.path.islink(latest):
+            os.rmdir(latest)
+        elif os.path.lexists(latest):
+            os.remove(latest)
+        {"fifo": lambda: os.mkfifo(latest), "directory": lambda: os.mkdir(latest),
+         "loop": lambda: os.symlink(latest, latest)}[kind]()
+        try:
+            proc = subprocess.run([trainer, "--config", TINY, "--stop-after", "11"] + sets(checkpoint__dir=root),
+                                  cwd=ROOT, capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            fail(f"latest as a {kind}: the trainer hung")
+        expect(proc, 0, f"--resume auto: {latest}", "using step-000010", "resumed from", what=f"latest as a {kind}")
+        # The run re-committed step 11 and replaced latest by a regular file; put the case back for the next kind.
+        shutil.rmtree(os.path.join(root, "step-000011"))
+    print("inputs: latest as a FIFO, a directory, a symlink loop: said, fell back to step-000010, no hang")
+
+
 def main():
     trainer, ckpt_tool, check = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), sys.argv[3]
-    checks = {"nonfinite": check_nonfinite, "ckpt-dir": check_ckpt_dir, "lock": check_lock, "strict": check_strict}
+    checks = {"nonfinite": check_nonfinite, "ckpt-dir": check_ckpt_dir, "lock": check_lock, "strict": check_strict,
+              "inputs": check_inputs}
     with tempfile.TemporaryDirectory() as tmp:
         checks[check](trainer, ckpt_tool, tmp)
 

@@ -4,12 +4,14 @@
 // check, in the parent, what a restarted job would see.
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -220,6 +222,60 @@ TEST(Resume, MissingLatest) {
   ASSERT_TRUE(choice);
   EXPECT_EQ(choice->step, 200);
   EXPECT_TRUE(contains(choice->note, "latest does not exist; using step-000200"));
+}
+
+// `latest` that is not a regular file is reported like a missing one and never
+// opened: a FIFO would block the reader forever, a directory reads as empty.
+TEST(Resume, LatestThatIsNotARegularFileFallsBack) {
+  TempRoot tmp;
+  save(tmp.path(), 100);
+  save(tmp.path(), 200);
+  const fs::path latest = tmp.path() / "latest";
+  struct Case {
+    std::function<void()> make;
+    std::string note;
+  };
+  const std::string l = latest.string();
+  const std::vector<Case> cases = {
+      {[&] { fs::create_directory(latest); }, l + " is a directory, not a file; using step-000200"},
+      {[&] { ASSERT_EQ(::mkfifo(latest.c_str(), 0644), 0); }, l + " is not a regular file; using step-000200"},
+      {[&] { fs::create_symlink(tmp.path() / "nowhere", latest); }, l + " does not exist; using step-000200"},
+      {[&] { fs::create_symlink(latest, latest); },
+       l + " cannot be opened: Too many levels of symbolic links; using step-000200"},
+  };
+  for (const Case& c : cases) {
+    fs::remove_all(latest);
+    c.make();
+    auto choice = choose_resume(tmp.path());
+    ASSERT_TRUE(choice);
+    EXPECT_EQ(choice->step, 200);
+    EXPECT_EQ(choice->note, c.note);
+  }
+}
+
+// A step directory that cannot be opened (a symlink loop) is not complete; latest
+// naming it falls back to the newest complete one.
+TEST(Resume, StepDirectoryThatCannotBeOpenedFallsBack) {
+  TempRoot tmp;
+  save(tmp.path(), 100);
+  fs::create_symlink(tmp.path() / "step-000200", tmp.path() / "step-000200");
+  write_text(tmp.path() / "latest", "step-000200\n");
+  EXPECT_EQ(incomplete_reason(tmp.path() / "step-000200", 200),
+            "directory cannot be opened: Too many levels of symbolic links");
+  EXPECT_EQ(complete_steps(tmp.path()), std::vector<int64_t>{100});
+  auto choice = choose_resume(tmp.path());
+  ASSERT_TRUE(choice);
+  EXPECT_EQ(choice->step, 100);
+  EXPECT_EQ(choice->note,
+            "latest names step-000200, which is incomplete (directory cannot be opened: Too many levels of symbolic "
+            "links); using step-000100");
+  // A COMPLETE marker that is a FIFO makes its directory incomplete without blocking.
+  save(tmp.path(), 300);
+  fs::remove(tmp.path() / "step-000300" / "COMPLETE");
+  ASSERT_EQ(::mkfifo((tmp.path() / "step-000300" / "COMPLETE").c_str(), 0644), 0);
+  EXPECT_TRUE(contains(
+      incomplete_reason(tmp.path() / "step-000300", 300),
+      "COMPLETE marker unusable: " + (tmp.path() / "step-000300" / "COMPLETE").string() + " is not a regular file"));
 }
 
 TEST(Resume, NothingAtAll) {

@@ -237,6 +237,32 @@ TEST(Config, LoadConfigNamesThePathAsGiven) {
   EXPECT_EQ(error_of([&] { load_config(path + ".missing"); }), "cannot open config file '" + path + ".missing'");
 }
 
+TEST(Config, ConfigFileMustHoldSettings) {
+  TempDir dir;
+  const std::string d = dir.path().string();
+  EXPECT_EQ(error_of([&] { load_config(d); }),
+            "config file '" + d + "' is a directory; pass a YAML file, e.g. --config configs/llama-tiny.yaml");
+  for (const char* text : {"", "\n\n", "# only a comment\n  # another\n", "---\n"}) {
+    const std::string path = d + "/empty.yaml";
+    std::ofstream(path) << text;
+    EXPECT_EQ(error_of([&] { load_config(path); }),
+              "config file '" + path + "' is empty (no settings, only blank lines or comments)")
+        << text;
+  }
+  const std::string list = d + "/list.yaml";
+  std::ofstream(list) << "- model\n- train\n";
+  EXPECT_EQ(error_of([&] { load_config(list); }),
+            "expected a map of sections (model, train, data, optim, fsdp, checkpoint, comm, logging) at the top level "
+            "of " +
+                list + ", got a list");
+  const std::string scalar = d + "/scalar.yaml";
+  std::ofstream(scalar) << "llama\n";
+  EXPECT_EQ(error_of([&] { load_config(scalar); }),
+            "expected a map of sections (model, train, data, optim, fsdp, checkpoint, comm, logging) at the top level "
+            "of " +
+                scalar + ", got 'llama'");
+}
+
 TEST(Config, UnknownSection) {
   EXPECT_EQ(load_error("train:\n  steps: 3\nmodle:\n  name: toy\n"),
             "unknown key 'modle' at test.yaml:3; did you mean 'model'?");

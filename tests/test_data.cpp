@@ -397,6 +397,65 @@ TEST(TokensDataset, TokenOutsideTheVocabularyIsNamedWhenSampled) {
             "tokens file '" + path + "': token 60 at byte offset 1036 is >= model.vocab_size (50)");
 }
 
+// The start-up scan: every token is checked once, split over the parts (ranks);
+// the part that holds a bad token names its file, byte offset and value.
+TEST(TokensDataset, FindBadTokenScansEachPartOfTheCorpusOnce) {
+  TempDir dir;
+  fs::create_directories(dir.file("corpus"));
+  std::vector<uint32_t> a = ramp(0, 9000);  // uint16 llm.c shard, 9000 tokens
+  for (uint32_t& t : a) t %= 50;
+  std::vector<uint32_t> b = ramp(0, 5001);  // headerless uint16, 5001 tokens
+  for (uint32_t& t : b) t %= 50;
+  b.back() = 70000 % 65536;  // the very last token of the corpus is out of range (4464)
+  write_bytes(dir.file("corpus/a.bin"), llmc_shard(20240520, 1, 9000, a, 2));
+  write_bytes(dir.file("corpus/b.bin"), headerless(b, 2));
+  const auto d = make_dataset(llama_config(DataKind::Tokens, dir.file("corpus"), 4, 50));
+  const std::string expected = "tokens file '" + dir.file("corpus/b.bin") +
+                               "': token 4464 at byte offset 10000 (token 5000 of the file) is >= "
+                               "model.vocab_size (50)";
+  for (int parts : {1, 2, 3, 4, 7}) {
+    int found = 0;
+    for (int part = 0; part < parts; ++part) {
+      const std::string problem = d->find_bad_token(part, parts);
+      if (problem.empty()) continue;
+      ++found;
+      EXPECT_EQ(problem, expected) << parts << " parts, part " << part;
+      EXPECT_EQ(part, parts - 1);  // the last token lies in the last part
+    }
+    EXPECT_EQ(found, 1) << parts << " parts";
+  }
+  // A bad token at the very start of the first file, found by part 0 only; uint32 tokens too.
+  a.front() = 50;
+  write_bytes(dir.file("corpus/a.bin"), llmc_shard(20240520, 1, 9000, a, 2));
+  const auto d2 = make_dataset(llama_config(DataKind::Tokens, dir.file("corpus"), 4, 50));
+  EXPECT_EQ(d2->find_bad_token(0, 3), "tokens file '" + dir.file("corpus/a.bin") +
+                                          "': token 50 at byte offset 1024 (token 0 of the file) is >= "
+                                          "model.vocab_size (50)");
+  EXPECT_EQ(d2->find_bad_token(1, 3), "");
+  const std::string wide = dir.file("wide.bin");
+  std::vector<uint32_t> w = ramp(0, 100);
+  w[99] = 100000;
+  write_bytes(wide, llmc_shard(20240801, 1, 100, w, 4));
+  const auto d3 = make_dataset(llama_config(DataKind::Tokens, wide, 4, 100000));
+  EXPECT_EQ(d3->find_bad_token(0, 1), "tokens file '" + wide +
+                                          "': token 100000 at byte offset 1420 (token 99 of the file) is >= "
+                                          "model.vocab_size (100000)");
+  // Data without token files has nothing to check.
+  const std::string text = dir.file("t.txt");
+  write_bytes(text, "hello world, some bytes");
+  EXPECT_EQ(make_dataset(llama_config(DataKind::Text, text, 4, 256))->find_bad_token(0, 1), "");
+}
+
+TEST(TokensDataset, ShardShorterThanItsHeaderIsAnError) {
+  TempDir dir;
+  const std::string cut = dir.file("cut.bin");
+  write_bytes(cut, llmc_shard(20240520, 1, 100, ramp(0, 100), 2).substr(0, 600));
+  EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Tokens, cut, 4, 1000)); }),
+            "tokens file '" + cut +
+                "' has 600 bytes but starts with the llm.c magic 20240520: it is shorter than the 1024-byte header, "
+                "so it is truncated");
+}
+
 // ---------------------------------------------------------------------------
 // synthetic
 
