@@ -397,12 +397,12 @@ void Checkpointer::finish_in_flight() {
     log_.info0("checkpoint.keep_last {}: deleted {}", config_.checkpoint.keep_last, join(deleted, ", "));
 }
 
-bool Checkpointer::end_of_step(bool stop_here) {
+int Checkpointer::end_of_step(int stop_signal) {
   const bool busy = in_flight_ && !in_flight_->written;
-  Tensor flags = Tensor::from_vector(std::vector<int32_t>{stop_here ? 1 : 0, busy ? 1 : 0}, {2});
+  Tensor flags = Tensor::from_vector(std::vector<int32_t>{stop_signal, busy ? 1 : 0}, {2});
   world_.all_reduce(flags, {.op = ReduceOp::Max}).wait();
   if (in_flight_ && flags.data<int32_t>()[1] == 0) finish_in_flight();
-  return flags.data<int32_t>()[0] != 0;
+  return flags.data<int32_t>()[0];
 }
 
 void Checkpointer::wait() { finish_in_flight(); }

@@ -77,10 +77,10 @@ class Checkpointer {
   void save(int64_t step, int64_t consumed);
 
   /// Once per step, after the optimizer step: agrees over all ranks whether
-  /// any of them was asked to stop (`stop_here`, e.g. SIGTERM) and commits a
-  /// background save that every rank has finished writing. Returns the
-  /// agreed stop flag.
-  bool end_of_step(bool stop_here);
+  /// any of them was asked to stop (`stop_signal`: the signal number, 0 for
+  /// none) and commits a background save that every rank has finished
+  /// writing. Returns the largest signal number of any rank (0: no stop).
+  int end_of_step(int stop_signal);
 
   /// Waits for a save in flight and commits it (call before exiting).
   void wait();

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <vector>
 
+#include <unistd.h>
+
 #include "core/cuda/cuda_runtime.h"
 #include "core/ops.h"
 #include "fsdp/fsdp.h"
@@ -28,27 +30,58 @@ constexpr int64_t kIgnoreIndex = -100;
 
 using Clock = std::chrono::steady_clock;
 
-// Set by SIGTERM: the run saves after the current step and exits 0.
-std::atomic<bool> g_terminate{false};
-extern "C" void on_sigterm(int) { g_terminate.store(true); }
+// The signals that ask a run to stop, save and exit 0: SIGTERM (schedulers,
+// `kill`), SIGINT (Ctrl-C), SIGHUP (a closed terminal) and SIGUSR1 (what
+// scripts/launch forwards through mpirun at once, and what Slurm's --signal
+// is usually set to). A second SIGINT ends the process at once, as a user
+// pressing Ctrl-C twice expects; the last committed checkpoint stays intact.
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
 
-// Installs the SIGTERM handler for the life of a train() call.
-class TerminateHandler {
- public:
-  TerminateHandler() {
-    struct sigaction sa {};
-    sa.sa_handler = on_sigterm;
-    sigemptyset(&sa.sa_mask);
-    g_terminate = false;
-    ::sigaction(SIGTERM, &sa, &old_);
+// The signal number that asked to stop, 0 while none has. A signal handler
+// can only reach a global.
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) {
+  if (sig == SIGINT && g_stop_signal.load() == SIGINT) ::_exit(130);
+  g_stop_signal.store(sig);
+}
+
+std::string_view signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGHUP: return "SIGHUP";
+    case SIGUSR1: return "SIGUSR1";
   }
-  ~TerminateHandler() { ::sigaction(SIGTERM, &old_, nullptr); }
-  TerminateHandler(const TerminateHandler&) = delete;
-  TerminateHandler& operator=(const TerminateHandler&) = delete;
+  return "a signal";
+}
+
+// Installs the stop handlers for the life of a train() call.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    g_stop_signal = 0;
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);
+  }
+  ~StopSignals() {
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &old_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
 
  private:
-  struct sigaction old_ {};
+  struct sigaction old_[std::size(kStopSignals)]{};
 };
+
+// The largest stop signal any rank got, 0 for none (collective: every rank
+// calls it at the same boundary, so all stop together).
+int stop_agreed(ProcessGroup& world) {
+  Tensor flag = Tensor::from_vector(std::vector<int32_t>{g_stop_signal.load()}, {1});
+  world.all_reduce(flag, {.op = ReduceOp::Max}).wait();
+  return flag.data<int32_t>()[0];
+}
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 Shape batch_shape(int64_t batch, const Shape& sample) {
@@ -201,7 +234,7 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   result.num_parameters = n_params;
   int64_t consumed = 0;
   int64_t first_step = 0;
-  TerminateHandler sigterm;
+  StopSignals stop_signals;
   Checkpointer checkpointer(config, sharded, *optimizer, world, log, n_params);
   if (std::optional<ResumePoint> point = checkpointer.load(resume)) {
     first_step = point->step;
@@ -214,6 +247,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   }
   int64_t last_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
   bool terminated = false;
+  int stop_signal = 0;              // agreed over the ranks
+  int64_t last_saved = first_step;  // the step of the newest checkpoint this run wrote or resumed from
   const auto run_start = Clock::now();
   double timed_seconds = 0;
   for (int64_t step = first_step; step < last_step; ++step) {
@@ -235,7 +270,16 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
 
     sharded.zero_grad();
     double local_loss_sum = 0;
+    bool abandoned = false;
     for (int64_t m = 0; m < accum; ++m) {
+      // A stop request is honoured between micro-batches, not only at the
+      // step's end, so a long step cannot outlast the launcher's grace period.
+      if (m > 0) {
+        if ((stop_signal = stop_agreed(world)) != 0) {
+          abandoned = true;
+          break;
+        }
+      }
       const Tensor& x = device_inputs[static_cast<size_t>(m)];
       const Tensor& y = device_targets[static_cast<size_t>(m)];
       Tensor out = sharded.forward(x);
@@ -247,6 +291,18 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
                                     : ops::mse(out, y, grad_scale, out);
       sharded.backward(out);
       local_loss_sum += loss.sum;
+    }
+    if (abandoned) {
+      // Every rank issued the same reduce-scatters before the boundary: drain
+      // them. Nothing else changed (no optimizer step, no samples consumed), so
+      // the state is exactly that after `step` steps and a resumed run redoes
+      // this one in full.
+      sharded.finish_grad_sync();
+      log.info0("stopping in step {} at a micro-batch boundary; its partial work is dropped", step + 1);
+      terminated = true;
+      last_step = step;
+      if (!config.checkpoint.dir.empty() && last_saved < step && step > first_step) checkpointer.save(step, consumed);
+      break;
     }
 
     // Each rank's gradient is already scaled by 1/count, so the SUM
@@ -300,17 +356,21 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
       metrics.append(sm);
     }
     // Every rank agrees whether any was sent SIGTERM; a stop saves like the end of the run.
-    if (checkpointer.end_of_step(g_terminate.load()) && step + 1 < last_step) {
+    if ((stop_signal = checkpointer.end_of_step(g_stop_signal.load())) != 0 && step + 1 < last_step) {
       terminated = true;
       last_step = step + 1;
     }
     const int64_t interval = config.checkpoint.interval;
     const bool save_now = (interval > 0 && (step + 1) % interval == 0) || step + 1 == last_step;
-    if (!config.checkpoint.dir.empty() && save_now) checkpointer.save(step + 1, consumed);
+    if (!config.checkpoint.dir.empty() && save_now) {
+      checkpointer.save(step + 1, consumed);
+      last_saved = step + 1;
+    }
   }
   checkpointer.wait();
   if (last_step < tc.steps) {
-    log.info0("stopped after step {} of {} ({}){}", last_step, tc.steps, terminated ? "SIGTERM" : "--stop-after",
+    log.info0("stopped after step {} of {} ({}){}", last_step, tc.steps,
+              terminated ? signal_name(stop_signal) : std::string_view("--stop-after"),
               config.checkpoint.dir.empty() ? "; no checkpoint.dir, so nothing was saved" : "");
   }
   // The first step of this process includes warm-up, so it is not timed.

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Preemption through the launcher (standard library only).
+
+    check_preempt.py TRAINER CHECK
+
+A LLaMA whose steps take seconds (4 micro-batches per rank at 2 ranks) runs
+through scripts/launch, i.e. under mpirun. CHECK is one of:
+  term   `kill -TERM <launcher pid>` in the middle of a step, as a scheduler does:
+         every rank stops at the next micro-batch boundary, the last completed
+         step is committed as a checkpoint, and the launcher exits 0. Resuming
+         from it gives the next step's loss bit-identical to an uninterrupted run.
+  int    the same with SIGINT (Ctrl-C), and with no checkpoint to write the run
+         still exits 0 and says nothing was saved.
+Each check prints what it observed; a failure exits 1.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_training import ROOT, fail, loss_by_step  # noqa: E402
+
+LAUNCH = os.path.join(ROOT, "scripts", "launch")
+# About 0.7 s per micro-batch and 3 s per step on 2 cores.
+SLOW = ["--config", "configs/llama-tiny.yaml", "--steps", "100000"]
+for kv in ("model.hidden_size=384", "model.intermediate_size=1024", "model.num_hidden_layers=4",
+           "model.num_attention_heads=6", "model.num_key_value_heads=6", "train.seq_len=256",
+           "model.max_position_embeddings=256", "train.global_batch_size=8", "train.micro_batch_size=1",
+           "optim.schedule.warmup_steps=0", "logging.interval=1"):
+    SLOW += ["--set", kv]
+
+
+def start(trainer, extra, metrics):
+    cmd = [LAUNCH, "-np", "2", trainer] + SLOW + ["--set", f"logging.metrics_file={metrics}"] + extra
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def steps_logged(metrics):
+    if not os.path.exists(metrics):
+        return 0
+    with open(metrics) as f:
+        return len(f.readlines())
+
+
+def interrupt_mid_step(proc, metrics, sig, after_steps=2):
+    """Sends `sig` to the launcher about half-way through step after_steps + 1."""
+    deadline = time.time() + 240
+    while time.time() < deadline and steps_logged(metrics) < after_steps and proc.poll() is None:
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        fail(f"the run ended early: {proc.communicate()[1][-2000:]}")
+    time.sleep(1.2)  # inside the next step, between micro-batches 1 and 3
+    t0 = time.time()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=300)
+    return out, err, time.time() - t0
+
+
+def check_term(trainer, tmp):
+    root = os.path.join(tmp, "ckpt")
+    metrics = os.path.join(tmp, "run.jsonl")
+    proc = start(trainer, ["--set", f"checkpoint.dir={root}", "--set", "checkpoint.interval=0"], metrics)
+    out, err, secs = interrupt_mid_step(proc, metrics, signal.SIGTERM)
+    logged = loss_by_step(metrics)
+    k = max(logged)
+    with open(os.path.join(root, "latest")) as f:
+        latest = f.read().strip()
+    ok = (proc.returncode == 0 and f"stopped after step {k} of 100000 (SIGUSR1)" in err and
+          f"stopping in step {k + 1} at a micro-batch boundary" in err and latest == f"step-{k:06d}" and
+          os.path.exists(os.path.join(root, latest, "COMPLETE")))
+    print(f"term: launcher exit {proc.returncode} {secs:.1f} s after SIGTERM; stopped in step {k + 1}, "
+          f"latest = {latest}")
+    if not ok:
+        sys.stderr.write(err[-3000:])
+        fail("SIGTERM to the launcher did not end in a committed checkpoint of the last step and exit 0")
+    # Resumed, step k+1 equals the uninterrupted run's step k+1 bit for bit.
+    resumed_metrics = os.path.join(tmp, "resumed.jsonl")
+    resumed = subprocess.run([LAUNCH, "-np", "2", trainer] + SLOW +
+                             ["--set", f"checkpoint.dir={root}", "--set", f"logging.metrics_file={resumed_metrics}",
+                              "--stop-after", str(k + 1)], cwd=ROOT, capture_output=True, text=True)
+    full_metrics = os.path.join(tmp, "full.jsonl")
+    full = subprocess.run([LAUNCH, "-np", "2", trainer] + SLOW +
+                          ["--set", f"logging.metrics_file={full_metrics}", "--stop-after", str(k + 1)],
+                          cwd=ROOT, capture_output=True, text=True)
+    if resumed.returncode != 0 or full.returncode != 0:
+        fail(f"resume or reference run failed: {resumed.stderr[-1500:]} {full.stderr[-1500:]}")
+    a, b = loss_by_step(resumed_metrics), loss_by_step(full_metrics)
+    print(f"term: step {k + 1} after the restart {a[k + 1]!r}, uninterrupted {b[k + 1]!r}")
+    if a[k + 1] != b[k + 1] or a.keys() != {k + 1}:
+        fail("the resumed run differs from the uninterrupted one")
+
+
+def check_int(trainer, tmp):
+    root = os.path.join(tmp, "ckpt")
+    metrics = os.path.join(tmp, "run.jsonl")
+    proc = start(trainer, ["--set", f"checkpoint.dir={root}", "--set", "checkpoint.interval=0"], metrics)
+    out, err, secs = interrupt_mid_step(proc, metrics, signal.SIGINT, after_steps=1)
+    k = max(loss_by_step(metrics))
+    with open(os.path.join(root, "latest")) as f:
+        latest = f.read().strip()
+    print(f"int: launcher exit {proc.returncode} {secs:.1f} s after SIGINT; latest = {latest}")
+    if proc.returncode != 0 or latest != f"step-{k:06d}":
+        sys.stderr.write(err[-3000:])
+        fail("SIGINT to the launcher did not end in a committed checkpoint and exit 0")
+    os.remove(metrics)
+    proc = start(trainer, [], metrics)
+    out, err, secs = interrupt_mid_step(proc, metrics, signal.SIGINT, after_steps=1)
+    print(f"int: without checkpoint.dir: exit {proc.returncode}, "
+          f"{'says nothing was saved' if 'nothing was saved' in err else 'SILENT'}")
+    if proc.returncode != 0 or "no checkpoint.dir, so nothing was saved" not in err:
+        fail("SIGINT without checkpoint.dir should exit 0 and say nothing was saved")
+
+
+def main():
+    trainer, check = os.path.abspath(sys.argv[1]), sys.argv[2]
+    with tempfile.TemporaryDirectory() as tmp:
+        {"term": check_term, "int": check_int}[check](trainer, tmp)
+
+
+if __name__ == "__main__":
+    main()
