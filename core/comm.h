@@ -19,6 +19,8 @@
 
 namespace st {
 
+class Watchdog;
+
 enum class ReduceOp : uint8_t { Sum, Avg, Max };
 std::ostream& operator<<(std::ostream& os, ReduceOp op);
 
@@ -78,8 +80,13 @@ class ProcessGroup {
   /// This process's rank in the group, 0..size()-1.
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  /// "mpi", "local", later "nccl".
+  /// "mpi", "local" or "nccl".
   virtual std::string backend_name() const = 0;
+
+  /// The watchdog that blocking waits of this group (and of groups split from
+  /// it later) report to; nullptr for none. It must outlive the group's use.
+  void set_watchdog(Watchdog* watchdog) { watchdog_ = watchdog; }
+  Watchdog* watchdog() const { return watchdog_; }
 
   /// out[r*n .. (r+1)*n) = rank r's `in` (n = in.numel(); out.numel() = size()*n).
   virtual Work all_gather(const Tensor& out, const Tensor& in, const AllGatherOptions& opts = {}) = 0;
@@ -114,6 +121,9 @@ class ProcessGroup {
   void check_broadcast(const Tensor& t, int root) const;
   void check_all_to_allv(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in,
                          std::span<const int64_t> send_counts) const;
+
+ private:
+  Watchdog* watchdog_ = nullptr;
 };
 
 /// Where this process sits, read from the launcher's environment

@@ -25,6 +25,7 @@
 #include <mpi.h>
 
 #include "core/comm.h"
+#include "core/watchdog.h"
 
 namespace st {
 
@@ -175,7 +176,7 @@ Work staged(Work host_work, const Tensor& device_out, const Tensor& host_out) {
 /// step that finishes it on this rank once MPI is done.
 class MpiWork final : public Work::Impl {
  public:
-  explicit MpiWork(std::string what) : what_(std::move(what)) {}
+  MpiWork(std::string what, Watchdog* watchdog) : what_(std::move(what)), watchdog_(watchdog) {}
   MpiWork(const MpiWork&) = delete;
   MpiWork& operator=(const MpiWork&) = delete;
   ~MpiWork() override {
@@ -199,6 +200,8 @@ class MpiWork final : public Work::Impl {
   }
 
   void wait() override {
+    // The watchdog sees this rank blocked here (and in which collective) until MPI returns.
+    const Watchdog::Blocked blocked(watchdog_, what_);
     int rc = MPI_Wait(&request_, MPI_STATUS_IGNORE);
     ST_CHECK(rc == MPI_SUCCESS, "{} failed: {}", what_, detail::mpi_error_string(rc));
     if (finish_) finish_();
@@ -213,6 +216,7 @@ class MpiWork final : public Work::Impl {
 
  private:
   std::string what_;  // "all_reduce(Sum) of 1024 BF16 elements on rank 1 of 4"
+  Watchdog* watchdog_;
   MPI_Request request_ = MPI_REQUEST_NULL;
   std::vector<Tensor> kept_;
   std::vector<int> ints_;
@@ -365,7 +369,7 @@ class MpiGroup final : public ProcessGroup {
   }
 
   Work barrier(const BarrierOptions&) override {
-    auto work = std::make_unique<MpiWork>(format("barrier on rank {} of {}", rank_, size_));
+    auto work = std::make_unique<MpiWork>(format("barrier on rank {} of {}", rank_, size_), watchdog());
     work->check_started(MPI_Ibarrier(comm_.get(), work->request()));
     return Work(std::move(work));
   }
@@ -376,14 +380,16 @@ class MpiGroup final : public ProcessGroup {
     ST_CHECK(rc == MPI_SUCCESS, "split(color {}, key {}) failed on rank {} of {}: {}", color, key, rank_, size_,
              detail::mpi_error_string(rc));
     if (sub == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<MpiGroup>(MpiComm(sub));
+    auto group = std::make_unique<MpiGroup>(MpiComm(sub));
+    group->set_watchdog(watchdog());
+    return group;
   }
 
  private:
   /// A Work named after the op, the tensor it moves and this rank.
   std::unique_ptr<MpiWork> start(const std::string& op, const Tensor& t) const {
     return std::make_unique<MpiWork>(
-        format("{} of {} {} elements on rank {} of {}", op, t.numel(), t.dtype(), rank_, size_));
+        format("{} of {} {} elements on rank {} of {}", op, t.numel(), t.dtype(), rank_, size_), watchdog());
   }
 
   /// MPI counts are int.

@@ -13,11 +13,13 @@
 // that order, never on a Work's completion test: MPI and NCCL require each
 // communicator's collectives to be started in the same order on all its ranks.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <unordered_map>
 
 #include "core/ops.h"
+#include "core/watchdog.h"
 #include "fsdp/fsdp.h"
 
 namespace st::fsdp {
@@ -119,6 +121,8 @@ struct ShardedModel::Impl {
   bool forward_order_known = false;
   bool backward_order_known = false;
   std::deque<PendingReduction> pending;
+  // Per unit, what the watchdog reports a hang in: {"forward of unit X", "backward of unit X"}.
+  std::vector<std::array<std::string, 2>> activity;
 
   Impl(models::Module& model_, const FsdpConfig& config_, ProcessGroup& world_, int local_size, uint64_t seed,
        Logger& log_, Device device_)
@@ -145,6 +149,8 @@ struct ShardedModel::Impl {
                unit_label(unit.plan.name));
     }
     for (size_t u = 0; u < units.size(); ++u) {
+      activity.push_back(
+          {"forward of unit " + unit_label(units[u].plan.name), "backward of unit " + unit_label(units[u].plan.name)});
       if (units[u].plan.module == &model) root_unit = u;
       hooks.push_back(std::make_unique<UnitHooks>(*this, u));
       units[u].plan.module->set_hooks(hooks.back().get());
@@ -299,6 +305,7 @@ struct ShardedModel::Impl {
   // --- hooks ----------------------------------------------------------------------
 
   void pre_forward(size_t u) {
+    if (Watchdog* w = world.watchdog()) w->set_activity(&activity[u][0]);
     const bool recording = phase == Phase::Forward && !forward_order_known;
     if (recording && std::find(forward_order.begin(), forward_order.end(), u) == forward_order.end()) {
       forward_order.push_back(u);
@@ -318,6 +325,7 @@ struct ShardedModel::Impl {
   }
 
   void pre_backward(size_t u) {
+    if (Watchdog* w = world.watchdog()) w->set_activity(&activity[u][1]);
     if (phase == Phase::Backward && !backward_order_known &&
         std::find(backward_order.begin(), backward_order.end(), u) == backward_order.end()) {
       backward_order.push_back(u);

@@ -12,6 +12,7 @@
 
 #include "core/cuda/cuda_runtime.h"
 #include "core/ops.h"
+#include "core/watchdog.h"
 #include "fsdp/fsdp.h"
 #include "launch/checkpointing.h"
 #include "launch/data.h"
@@ -291,6 +292,7 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
                                     : ops::mse(out, y, grad_scale, out);
       sharded.backward(out);
       local_loss_sum += loss.sum;
+      if (Watchdog* w = world.watchdog()) w->progress();
     }
     if (abandoned) {
       // Every rank issued the same reduce-scatters before the boundary: drain

@@ -7,6 +7,7 @@
 // the problem and exits non-zero.
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "core/cuda/cuda_runtime.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/watchdog.h"
 #include "launch/cli.h"
 #include "launch/self_check.h"
 #include "launch/train.h"
@@ -55,6 +57,12 @@ int run(const std::vector<std::string>& argv) {
             overrides.empty() ? std::string(" (no overrides)") : " with " + overrides, world.size(),
             world.backend_name(), st::cuda::device_count(), st::cuda::compiled_with_cuda() ? "built in" : "not built");
   log.debug("local rank {}/{}", info.local_rank, info.local_size);
+  // No collective waits forever: a frozen or dead rank aborts the job after comm.timeout_s.
+  std::optional<st::Watchdog> watchdog;
+  if (world.size() > 1 && world.backend_name() == "mpi" && config.comm.timeout_s > 0) {
+    watchdog.emplace(config.comm.timeout_s, log);
+    world.set_watchdog(&*watchdog);
+  }
   if (args.self_check) {
     st::launch::SelfCheckReport report = st::launch::run_self_check(world, log, int64_t{16} << 20);
     if (!report.passed()) {

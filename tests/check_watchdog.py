@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The collective watchdog end to end (standard library only).
+
+    check_watchdog.py TRAINER CHECK
+
+CHECK is one of:
+  stop-rank   llama-tiny at 4 ranks with comm.timeout_s 5; `kill -STOP` of rank 2
+              after a few steps: the job exits non-zero within 30 s of the stop,
+              and rank 0's one line names the collective, the unit and rank 2 as
+              the rank that has not arrived (no heartbeat).
+  stop-root   the same with rank 0 stopped: the other ranks name their collective
+              and say rank 0 has stopped answering.
+  no-alarm    a normal 4-rank run with comm.timeout_s 5 finishes with exit 0 and no
+              watchdog line.
+Each check prints what it observed; a failure exits 1.
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_training import ROOT, fail, mpirun  # noqa: E402
+
+TINY = "configs/llama-tiny.yaml"
+
+
+def rank_pids(tag):
+    """{rank: pid} of the trainer processes whose command line holds `tag`."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+            if tag not in cmd or "trainer" not in cmd.split("\0")[0]:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split("=", 1) for kv in f.read().decode(errors="replace").split("\0") if "=" in kv)
+        except OSError:
+            continue
+        if "OMPI_COMM_WORLD_RANK" in env:
+            out[int(env["OMPI_COMM_WORLD_RANK"])] = int(pid)
+    return out
+
+
+def run_and_stop(trainer, tmp, victim):
+    metrics = os.path.join(tmp, f"stop-{victim}.jsonl")
+    cmd = mpirun(4) + [trainer, "--config", TINY, "--steps", "1000000", "--set", "comm.timeout_s=5",
+                       "--set", "logging.interval=1000", "--set", f"logging.metrics_file={metrics}",
+                       "--set", "logging.interval=1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not os.path.exists(metrics) or len(open(metrics).readlines()) < 5):
+        time.sleep(0.1)
+    pids = rank_pids(metrics)
+    if len(pids) != 4:
+        proc.kill()
+        fail(f"expected 4 ranks, found {pids}")
+    os.kill(pids[victim], signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        for pid in pids.values():  # nothing may outlive the test, stopped or not
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+    return proc.returncode, out + err, time.time() - t0
+
+
+def watchdog_lines(text):
+    return [ln for ln in text.splitlines() if "watchdog" in ln and "ERROR" in ln]
+
+
+def check_stop_rank(trainer, tmp):
+    code, text, secs = run_and_stop(trainer, tmp, 2)
+    lines = watchdog_lines(text)
+    root = [ln for ln in lines if ln.startswith("[0/4]")]
+    print(f"stop-rank: exit {code} {secs:.1f} s after SIGSTOP of rank 2")
+    for ln in lines:
+        print(f"  {ln[:300]}")
+    want = ("made no progress for", "of unit", "ranks that have not arrived: 2 (no heartbeat")
+    if code == 0 or secs > 30 or not root or not all(w in root[0] for w in want) or \
+            not any(op in root[0] for op in ("all_gather", "reduce_scatter", "all_reduce")):
+        sys.stderr.write(text[-3000:])
+        fail("the job did not abort within 30 s naming the collective, the unit and rank 2")
+
+
+def check_stop_root(trainer, tmp):
+    code, text, secs = run_and_stop(trainer, tmp, 0)
+    # Rank 0 itself is woken (SIGCONT) by mpirun's kill path before it dies; only the others judge.
+    lines = [ln for ln in watchdog_lines(text) if not ln.startswith("[0/4]")]
+    print(f"stop-root: exit {code} {secs:.1f} s after SIGSTOP of rank 0")
+    for ln in lines[:2]:
+        print(f"  {ln[:300]}")
+    if code == 0 or secs > 30 or not lines or not all("rank 0 has not answered" in ln for ln in lines) or \
+            not any(op in lines[0] for op in ("all_gather", "reduce_scatter", "all_reduce")):
+        sys.stderr.write(text[-3000:])
+        fail("with rank 0 stopped, the job did not abort within 30 s naming the collective and rank 0")
+
+
+def check_no_alarm(trainer, tmp):
+    proc = subprocess.run(mpirun(4) + [trainer, "--config", TINY, "--set", "comm.timeout_s=5"], cwd=ROOT,
+                          capture_output=True, text=True)
+    print(f"no-alarm: exit {proc.returncode}, watchdog lines: {len(watchdog_lines(proc.stderr))}")
+    if proc.returncode != 0 or watchdog_lines(proc.stderr) or "done: steps 1..60" not in proc.stderr:
+        sys.stderr.write(proc.stderr[-3000:])
+        fail("a healthy run with comm.timeout_s 5 did not finish cleanly")
+
+
+def main():
+    trainer, check = os.path.abspath(sys.argv[1]), sys.argv[2]
+    with tempfile.TemporaryDirectory() as tmp:
+        {"stop-rank": check_stop_rank, "stop-root": check_stop_root, "no-alarm": check_no_alarm}[check](trainer, tmp)
+
+
+if __name__ == "__main__":
+    main()
