@@ -54,8 +54,10 @@ class Checker {
       group_.all_gather(out, in).wait();
       record("all_gather " + dt, count_wrong(out, [&](int64_t j) { return (j / n) * 10 + j % n; }), out.numel());
     }
-    if (dtype != DType::I32) {  // reduce_scatter SUM/AVG: in[j] = r + j % 5
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+    {  // reduce_scatter SUM/AVG: in[j] = r + j % 5 (AVG is refused for I32: integer division would truncate)
+      const std::vector<ReduceOp> ops = dtype == DType::I32 ? std::vector<ReduceOp>{ReduceOp::Sum}
+                                                            : std::vector<ReduceOp>{ReduceOp::Sum, ReduceOp::Avg};
+      for (ReduceOp op : ops) {
         Tensor in = make(p * n, dtype, [&](int64_t j) { return r + j % 5; });
         Tensor out = Tensor::zeros({n}, dtype);
         group_.reduce_scatter(out, in, {.op = op}).wait();

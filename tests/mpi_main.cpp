@@ -12,6 +12,7 @@
 
 #include "core/comm.h"
 #include "tests/mpi_env.h"
+#include "tests/test_util.h"
 
 namespace st::test {
 namespace {
@@ -83,11 +84,14 @@ int main(int argc, char** argv) {
     const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
     // A non-zero rc without a failed test is a failure outside any test (e.g. in an environment).
     int failed = unit.failed_test_count() + (rc != 0 && unit.failed_test_count() == 0 ? 1 : 0);
-    std::vector<int32_t> counts{failed, failed > 0 ? 1 : 0};
-    st::Tensor totals = st::Tensor::from_vector(counts, {2});
+    const int skipped_all = st::test::all_skipped(unit) ? 1 : 0;
+    std::vector<int32_t> counts{failed, failed > 0 ? 1 : 0, skipped_all};
+    st::Tensor totals = st::Tensor::from_vector(counts, {3});
     world.all_reduce(totals).wait();
     int total_failed = totals.data<int32_t>()[0];
     int ranks_failed = totals.data<int32_t>()[1];
+    // Skipped only when every rank skipped everything: no rank asserted anything.
+    if (total_failed == 0 && totals.data<int32_t>()[2] == world.size()) return st::test::kSkippedExitCode;
     if (rank == 0 && total_failed > 0) {
       std::fprintf(stderr, "%d failed test(s) over %d of %d rank(s)\n", total_failed, ranks_failed, world.size());
     }

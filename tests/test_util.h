@@ -16,6 +16,15 @@
 
 namespace st::test {
 
+/// Exit code of a test binary in which every test that ran was skipped;
+/// tests/CMakeLists.txt maps it to CTest's "Skipped" (SKIP_RETURN_CODE).
+inline constexpr int kSkippedExitCode = 77;
+
+/// True when tests ran and every one of them was skipped (asserted nothing).
+inline bool all_skipped(const ::testing::UnitTest& unit) {
+  return unit.test_to_run_count() > 0 && unit.skipped_test_count() == unit.test_to_run_count();
+}
+
 /// The message of the st::Error that `fn` throws; records a test failure and
 /// returns "" when it throws none.
 template <class Fn>
