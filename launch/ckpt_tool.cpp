@@ -543,7 +543,10 @@ Inspection inspect_checkpoint(const std::string& path) {
 std::string inspection_text(const Inspection& in) {
   const Catalog& cat = in.catalog;
   std::ostringstream os;
-  os << "checkpoint " << in.dir << "\n";
+  // A plain Hugging Face folder has no COMPLETE marker by nature: it is a model
+  // directory (loadable by init_from), not a checkpoint that failed to finish.
+  const bool hf = cat.format == "huggingface";
+  os << (hf ? "Hugging Face model directory " : "checkpoint ") << in.dir << "\n";
   const int64_t step = in.state.step >= 0 ? in.state.step : in.marker_step;
   os << "  format       " << cat.format;
   if (cat.world_size > 0) os << ", written by " << cat.world_size << " process(es)";
@@ -558,7 +561,11 @@ std::string inspection_text(const Inspection& in) {
     if (!in.state.sharding_strategy.empty()) os << ", " << in.state.sharding_strategy;
     os << ", model dtype " << (in.state.model_dtype.empty() ? "F32" : in.state.model_dtype) << "\n";
   }
-  os << "  complete     " << (in.incomplete.empty() ? "yes" : "NO: " + in.incomplete) << "\n";
+  if (hf)
+    os << "  complete     n/a (a model directory, not a training checkpoint: weights only, usable as "
+          "checkpoint.init_from)\n";
+  else
+    os << "  complete     " << (in.incomplete.empty() ? "yes" : "NO: " + in.incomplete) << "\n";
   int64_t file_bytes = 0;
   for (const DirFile& f : in.files) file_bytes += std::max<int64_t>(f.bytes, 0);
   os << "  tensors      " << cat.tensors.size() << ", " << human_bytes(cat.total_bytes()) << " of data; "

@@ -266,6 +266,25 @@ def check_inspect(env):
         print(f"inspect {fmt}: step {info['step']}, world size {info['world_size']}, {len(listed)} tensors "
               f"({len(weights)} weights x {len(listed) // len(weights)} kinds, {n_params} parameters), "
               f"{info['total_bytes']} bytes, all shapes/dtypes/bytes as the files say")
+    # A plain Hugging Face folder (model-* files and config.json, no COMPLETE marker)
+    # is a model directory, not an incomplete checkpoint.
+    src = step_dir(env.checkpoint("unified"))
+    hf = os.path.join(env.tmp, "hf-folder")
+    os.makedirs(hf, exist_ok=True)
+    for name in os.listdir(src):
+        if name.startswith("model") or name == "config.json":
+            shutil.copy(os.path.join(src, name), hf)
+    # As Hugging Face writes it: total_size and weight_map, none of our metadata or checksums.
+    index_path = os.path.join(hf, "model.safetensors.index.json")
+    with open(index_path) as f:
+        index = json.load(f)
+    with open(index_path, "w") as f:
+        json.dump({"metadata": {"total_size": index["metadata"]["total_size"]}, "weight_map": index["weight_map"]}, f)
+    text = run(env.ckpt_cmd("inspect", hf)).stdout
+    first = text.splitlines()[0]
+    if first != f"Hugging Face model directory {hf}" or "complete     NO" in text or "incomplete" in text:
+        fail(f"inspect of a Hugging Face folder: {text[:400]!r}")
+    print(f"inspect huggingface: '{first}', no claim of an incomplete checkpoint")
 
 
 def flip_byte(d, fqn):
