@@ -37,7 +37,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_training import ROOT, fail, loss_by_step, mpirun, run  # noqa: E402
+from check_training import ROOT, fail, loss_by_step, mpirun, run, sets  # noqa: E402
 
 TINY = "configs/llama-tiny.yaml"
 # Elastic restarts change the reduction order (other world sizes, shard
@@ -55,13 +55,6 @@ def train(trainer, np, tmp, name, extra, config=TINY, steps=20, expect_ok=True):
                              f"logging.metrics_file={metrics}", "--set", "logging.interval=1"] + extra, expect_ok)
     losses = loss_by_step(metrics) if os.path.exists(metrics) else {}
     return losses, proc
-
-
-def sets(**kv):
-    out = []
-    for k, v in kv.items():
-        out += ["--set", f"{k.replace('__', '.')}={v}"]
-    return out
 
 
 def latest_of(root):

@@ -49,27 +49,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_training import ROOT, fail, loss_by_step, mpirun, run  # noqa: E402
+from check_training import ROOT, expect, fail, loss_by_step, mpirun, run, sets  # noqa: E402
 
 TINY = "configs/llama-tiny.yaml"
 TOY = "configs/toy.yaml"
-
-
-def sets(**kv):
-    out = []
-    for k, v in kv.items():
-        out += ["--set", f"{k.replace('__', '.')}={v}"]
-    return out
-
-
-def expect(proc, code, *texts, what=""):
-    """proc exited with `code` and its output holds every text."""
-    out = proc.stdout + proc.stderr
-    missing = [t for t in texts if t not in out]
-    if proc.returncode != code or missing:
-        sys.stderr.write(out[-4000:])
-        fail(f"{what}: exit {proc.returncode} (expected {code}); missing from the output: {missing}")
-    return out
 
 
 def latest_name(root):

@@ -13,7 +13,6 @@ through scripts/launch, i.e. under mpirun. CHECK is one of:
          still exits 0 and says nothing was saved.
 Each check prints what it observed; a failure exits 1.
 """
-import json
 import os
 import signal
 import subprocess

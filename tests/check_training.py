@@ -77,6 +77,24 @@ def fail(msg):
     sys.exit(1)
 
 
+def sets(**kv):
+    """--set arguments; a double underscore in a name stands for a dot: checkpoint__dir=x."""
+    out = []
+    for k, v in kv.items():
+        out += ["--set", f"{k.replace('__', '.')}={v}"]
+    return out
+
+
+def expect(proc, code, *texts, what=""):
+    """Fails unless `proc` exited with `code` and its output holds every text; returns the output."""
+    out = proc.stdout + proc.stderr
+    missing = [t for t in texts if t not in out]
+    if proc.returncode != code or missing:
+        sys.stderr.write(out[-4000:])
+        fail(f"{what}: exit {proc.returncode} (expected {code}); missing from the output: {missing}")
+    return out
+
+
 def losses(trainer, config, sets, np=None, tmp="."):
     metrics = os.path.join(tmp, f"metrics-{np}-{len(sets)}.jsonl")
     if os.path.exists(metrics):
