@@ -351,9 +351,11 @@ void run_on_every_rank(ProcessGroup& group, const std::function<void()>& f) {
   }
   const std::vector<std::string> errors =
       group.size() == 1 ? std::vector<std::string>{error} : all_gather_strings(group, error);
+  // The same failure on every rank (a bad file all of them read) needs no rank number.
+  const bool all_same = std::all_of(errors.begin(), errors.end(), [&](const std::string& e) { return e == errors[0]; });
   for (size_t r = 0; r < errors.size(); ++r) {
     if (errors[r].empty()) continue;
-    throw AgreedError(group.size() == 1 ? errors[r] : format("rank {}: {}", r, errors[r]), __FILE__, __LINE__);
+    throw AgreedError(all_same ? errors[r] : format("rank {}: {}", r, errors[r]), __FILE__, __LINE__);
   }
 }
 

@@ -173,8 +173,8 @@ std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::stri
 
 /// Runs `f` on every rank of `group` and agrees on its outcome (collective):
 /// when it throws on any rank, every rank throws the same st::AgreedError
-/// with the message of the lowest failing rank, prefixed "rank r: " when the
-/// group has several ranks. So no rank goes on alone into a collective that
+/// with the message of the lowest failing rank, prefixed "rank r: " unless
+/// every rank failed with that same message. So no rank goes on alone into a collective that
 /// the failed rank will never join, and main() prints the error once.
 void run_on_every_rank(ProcessGroup& group, const std::function<void()>& f);
 

@@ -121,29 +121,6 @@ std::vector<DirFile> list_files(const fs::path& dir) {
   return files;
 }
 
-/// Runs this rank's part of a phase, then agrees with the other ranks: a
-/// failure on any rank throws on every rank, so none is left waiting in the
-/// next collective. Identical messages from every rank are reported once.
-template <class F>
-void collectively(ProcessGroup& group, F&& work) {
-  std::string error;
-  try {
-    work();
-  } catch (const Error& e) {
-    error = e.message();
-  } catch (const std::exception& e) {
-    error = format("internal error: {}", e.what());
-  }
-  std::vector<std::string> errors =
-      group.size() == 1 ? std::vector<std::string>{error} : all_gather_strings(group, error);
-  const bool all_same = std::all_of(errors.begin(), errors.end(), [&](const std::string& e) { return e == errors[0]; });
-  for (size_t r = 0; r < errors.size(); ++r) {
-    if (errors[r].empty()) continue;
-    if (all_same || group.size() == 1) ST_FAIL("{}", errors[r]);
-    ST_FAIL("rank {}: {}", r, errors[r]);
-  }
-}
-
 void fsync_dir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   ST_CHECK(fd >= 0, "cannot open {} to fsync it: {}", dir.string(), std::strerror(errno));
@@ -731,7 +708,7 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
   TrainerState state;
   int64_t step = 0;
   fs::path out_path;
-  collectively(group, [&] {
+  run_on_every_rank(group, [&] {
     src = resolve_checkpoint_dir(path);
     std::string trimmed = out;
     while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
@@ -771,7 +748,7 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
     if (end == begin) continue;
     entries.push_back({key.first, kind, t.shape, dtype, begin, Tensor::empty({end - begin}, dtype)});
   }
-  collectively(group, [&] {
+  run_on_every_rank(group, [&] {
     checkpoint::LoadOptions options;
     options.verify = true;
     options.verify_rank = rank;  // together the ranks check every chunk once
@@ -783,7 +760,7 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
   // Written into a hidden sibling of OUT, renamed into place only when complete.
   std::optional<TempDir> tmp;
   std::string tmp_name;
-  collectively(group, [&] {
+  run_on_every_rank(group, [&] {
     if (rank != 0) return;
     std::error_code ec;
     fs::create_directories(out_path.parent_path(), ec);
@@ -799,9 +776,9 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
   options.master_weights = model_dtype != DType::F32;  // F32 model-* files are the master weights
   options.model_dtype = model_dtype;
   std::vector<std::string> written;
-  collectively(group, [&] { written = checkpoint::save(tmp_name, entries, options, group); });
+  run_on_every_rank(group, [&] { written = checkpoint::save(tmp_name, entries, options, group); });
 
-  collectively(group, [&] {
+  run_on_every_rank(group, [&] {
     if (rank != 0) return;
     for (const DirFile& f : list_files(src.path)) {
       if (is_layout_file(f.name) || f.name.starts_with(".")) continue;

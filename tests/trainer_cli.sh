@@ -28,6 +28,8 @@ expect_error() {
 }
 
 cd "$tmp"
+# A minimal valid config for the checks that are about flags and --set.
+printf 'train:\n  steps: 1\n' > min.yaml
 # Line 7 holds the typo: the message must name the key, file:line and the fix.
 cat > llama.yaml <<'YAML'
 model:
@@ -41,17 +43,20 @@ YAML
 expect_error typo_key "unknown key 'fsdp.sharding_stratgy' at llama.yaml:7; did you mean 'sharding_strategy'?" -- \
   "$trainer" --config llama.yaml
 expect_error bad_set "did you mean 'fsdp.sharding_strategy'?" -- \
-  "$trainer" --config /dev/null --set fsdp.sharding_stratgy=NO_SHARD
+  "$trainer" --config min.yaml --set fsdp.sharding_stratgy=NO_SHARD
 expect_error missing_file "missing.yaml" -- "$trainer" --config missing.yaml
 expect_error no_config "missing --config FILE" -- "$trainer"
-expect_error bad_flag "unknown argument '--bogus'" -- "$trainer" --config /dev/null --bogus
+expect_error empty_config "config file '/dev/null' is not a regular file" -- "$trainer" --config /dev/null
+: > empty.yaml
+expect_error comment_only_config "config file 'empty.yaml' is empty" -- "$trainer" --config empty.yaml
+expect_error bad_flag "unknown argument '--bogus'" -- "$trainer" --config min.yaml --bogus
 # train.device: cuda where no GPU can be used names the key and the fix; on a
 # machine with a GPU this check has nothing to test.
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   echo "skip cuda_without_gpu: a GPU is visible"
 else
   expect_error cuda_without_gpu "train.device: cuda, but" -- \
-    "$trainer" --config /dev/null --set model.name=toy --set train.device=cuda --steps 1
+    "$trainer" --config min.yaml --set model.name=toy --set train.device=cuda --steps 1
 fi
 
 if [[ $failures -ne 0 ]]; then
