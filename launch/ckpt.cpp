@@ -61,8 +61,14 @@ int main(int argc, char** argv) {
   int rank = 0;
   try {
     return run(args, rank);
+  } catch (const st::AgreedError& e) {
+    // Every rank failed alike: rank 0 reports it and fails the job. Another rank
+    // exiting non-zero first would make mpirun kill rank 0 before its line got out.
+    if (rank != 0) return 0;
+    std::fprintf(stderr, "ckpt: error: %s\n", e.message().c_str());
+    return 1;
   } catch (const st::Error& e) {
-    if (rank == 0) std::fprintf(stderr, "ckpt: error: %s\n", e.message().c_str());
+    std::fprintf(stderr, "ckpt: error: %s\n", e.message().c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ckpt: internal error: %s\n", e.what());

@@ -96,7 +96,12 @@ int main(int argc, char** argv) {
       first = st::detect_world().rank == 0;
     } catch (const st::Error&) {
     }
-    if (first) std::fprintf(stderr, "trainer: error: %s\n", e.message().c_str());
+    if (!first) {
+      // Rank 0 reports it and its exit status fails the job. Were this rank to
+      // exit non-zero first, mpirun would kill rank 0 before its line got out.
+      return 0;
+    }
+    std::fprintf(stderr, "trainer: error: %s\n", e.message().c_str());
     return 1;
   } catch (const st::Error& e) {
     std::fprintf(stderr, "trainer: error: %s\n", e.message().c_str());
