@@ -120,6 +120,7 @@ void visit_schema(C& c, V&& v) {
   v(Key("train.seq_len", "tokens per sequence"), t.seq_len);
   v(Key("train.seed", "seeds init, data order and synthetic data"), t.seed);
   v(Key("train.device", "cpu | cuda | auto (cuda when a GPU is visible)"), t.device);
+  v(Key("train.threads", "CPU threads per rank; 0 = the cores this rank may use"), t.threads);
 
   auto& d = c.data;
   v(Key("data.kind",
@@ -750,6 +751,7 @@ void Config::validate() const {
 
   const auto& t = train;
   require(t.steps > 0, "train.steps", t.steps, "a positive integer");
+  require(t.threads >= 0 && t.threads <= 4096, "train.threads", t.threads, "0 (automatic) or a thread count <= 4096");
   require(t.global_batch_size > 0, "train.global_batch_size", t.global_batch_size, "a positive integer");
   require(t.micro_batch_size > 0, "train.micro_batch_size", t.micro_batch_size, "a positive integer");
   require(t.global_batch_size % t.micro_batch_size == 0, "train.micro_batch_size", t.micro_batch_size,

@@ -69,6 +69,7 @@ struct TrainConfig {
   int64_t seq_len = 128;               // tokens per sequence
   uint64_t seed = 1234;                // seeds init, data order and synthetic data
   DeviceKind device = DeviceKind::Auto;  // cpu | cuda | auto (cuda when a GPU is visible)
+  int64_t threads = 0;                 // CPU threads per rank; 0 = the cores this rank may use
 
   bool operator==(const TrainConfig&) const = default;
 };

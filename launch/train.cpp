@@ -10,6 +10,8 @@
 
 #include <unistd.h>
 
+#include "core/cpu/ops_cpu.h"
+#include "core/cpu/parallel.h"
 #include "core/cuda/cuda_runtime.h"
 #include "core/ops.h"
 #include "core/watchdog.h"
@@ -166,6 +168,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
       prepare_checkpoint_dir(config, world, resume, options.overwrite, log);
   const Device device = resolve_device(tc.device, options.local_rank);
   if (device.is_cuda()) cuda::set_device(device.index);
+  const int threads = tc.threads > 0 ? static_cast<int>(tc.threads) : cpu::auto_cpu_threads(local_size);
+  cpu::set_cpu_threads(threads);
   std::unique_ptr<ProcessGroup> gpu_group = device_group(world, tc.device, device, local_size);
   ProcessGroup& fsdp_group = gpu_group ? *gpu_group : world;
   Allocator& allocator = allocator_for(device);
@@ -204,6 +208,9 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   log.info0("data: {}", dataset->describe());
   log.info0("device: {}{}, collectives over {}", device.str(),
             device.is_cuda() ? " (" + cuda::device_name(device.index) + ")" : std::string(), fsdp_group.backend_name());
+  log.info0("CPU: {} thread(s) per rank ({}; {} of {} cores in this rank's affinity mask), GEMMs by {}", threads,
+            tc.threads > 0 ? "train.threads" : "train.threads: 0, automatic", cpu::affinity_cores(), cpu::host_cores(),
+            cpu::gemm_backend());
   log.info0("{} rank(s), {} (shard groups of {}), param_dtype {}, reduce_dtype {}, recomputed layers {}", world.size(),
             to_string(config.fsdp.sharding_strategy), sharded.shard_group_size(),
             to_string(config.fsdp.mixed_precision.param_dtype), to_string(config.fsdp.mixed_precision.reduce_dtype),

@@ -13,6 +13,7 @@
 
 #include "core/comm.h"
 #include "core/config.h"
+#include "core/cpu/parallel.h"
 #include "core/cuda/cuda_runtime.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -86,6 +87,7 @@ int run(const std::vector<std::string>& argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  st::cpu::use_short_openmp_spin(argv);
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     return run(args);

@@ -17,7 +17,8 @@ jobs="${ST_JOBS:-$(nproc)}"
 packages=(
   cmake ninja-build g++ pkg-config
   openmpi-bin libopenmpi-dev   # MPI process group, mpirun
-  libeigen3-dev                # CPU GEMM
+  libeigen3-dev                # CPU GEMM (portable path, test reference)
+  libdnnl-dev                  # CPU GEMM (oneDNN: AVX-512, AVX512_BF16, AMX)
   libyaml-cpp-dev              # configuration files
   nlohmann-json3-dev           # JSON: checkpoint indexes, metrics
   libgtest-dev                 # tests

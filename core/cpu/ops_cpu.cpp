@@ -12,13 +12,17 @@
 #include <memory>
 #include <type_traits>
 
-#include <Eigen/Core>
-
 namespace st::cpu {
 
-namespace {
+void widen_bf16(const BFloat16* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_f32(src[i].bits);
+}
 
-using ops::Transpose;
+void narrow_to_bf16(const float* src, BFloat16* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i].bits = f32_to_bf16_bits(src[i]);
+}
+
+namespace {
 
 inline float to_f32(float v) { return v; }
 inline float to_f32(BFloat16 v) { return bf16_bits_to_f32(v.bits); }
@@ -42,51 +46,6 @@ decltype(auto) visit_float(DType dtype, Fn&& fn) {
     case DType::I32: break;
   }
   ST_FAIL("CPU op expected an F32 or BF16 tensor, got {}", dtype);
-}
-
-void widen(const BFloat16* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_f32(src[i].bits);
-}
-
-void narrow(const float* src, BFloat16* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i].bits = f32_to_bf16_bits(src[i]);
-}
-
-// F32 scratch for GEMMs with BF16 operands, owned by the calling thread and
-// grow-only: a training step repeats the same shapes, so after the first step
-// the GEMM path allocates nothing. It is bounded by the operands of the largest
-// single GEMM a thread has run and is not counted by cpu_allocator(), whose
-// stats describe tensors.
-float* gemm_scratch(size_t n) {
-  struct Buffer {
-    std::unique_ptr<float[]> data;
-    size_t size = 0;
-  };
-  thread_local Buffer buffer;
-  if (buffer.size < n) {
-    buffer.data.reset();  // release the old block before taking the larger one
-    buffer.data = std::make_unique_for_overwrite<float[]>(n);
-    buffer.size = n;
-  }
-  return buffer.data.get();
-}
-
-using RowMajorF32 = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstMatrixMap = Eigen::Map<const RowMajorF32>;
-using MatrixMap = Eigen::Map<RowMajorF32>;
-
-// c = alpha * lhs @ rhs + beta * c. Zeroing first (rather than scaling by 0)
-// is what makes beta == 0 ignore NaN or Inf left in c.
-template <class Lhs, class Rhs>
-void multiply_into(MatrixMap& c, const Lhs& lhs, const Rhs& rhs, float alpha, float beta) {
-  if (beta == 0.0f) {
-    c.setZero();
-  } else if (beta != 1.0f) {
-    c *= beta;
-  }
-  // Eigen folds the scalar into its GEMM kernel and reads the transposes in
-  // place, so no operand is copied here.
-  c.noalias() += alpha * lhs * rhs;
 }
 
 // Element i of an I32 tensor as BF16, rounded once. Going through F32 rounds
@@ -128,70 +87,6 @@ double sum_of_squares_typed(const T* p, int64_t n) {
 }
 
 }  // namespace
-
-void gemm(const Tensor& a, ops::Transpose ta, const Tensor& b, ops::Transpose tb, const Tensor& c, int64_t m, int64_t n,
-          int64_t k, float alpha, float beta) {
-  if (m == 0 || n == 0) return;
-  const bool a_bf16 = a.dtype() == DType::BF16;
-  const bool b_bf16 = b.dtype() == DType::BF16;
-  const bool c_bf16 = c.dtype() == DType::BF16;
-  const int64_t a_scratch = a_bf16 ? m * k : 0;
-  const int64_t b_scratch = b_bf16 ? k * n : 0;
-  const int64_t c_scratch = c_bf16 ? m * n : 0;
-  float* scratch = nullptr;
-  if (a_scratch + b_scratch + c_scratch > 0)
-    scratch = gemm_scratch(static_cast<size_t>(a_scratch + b_scratch + c_scratch));
-
-  // F32 views of the operands: the tensors themselves, or widened copies.
-  const float* pa = nullptr;
-  if (a_bf16) {
-    widen(a.data<BFloat16>(), scratch, a_scratch);
-    pa = scratch;
-  } else {
-    pa = a.data<float>();
-  }
-  const float* pb = nullptr;
-  if (b_bf16) {
-    widen(b.data<BFloat16>(), scratch + a_scratch, b_scratch);
-    pb = scratch + a_scratch;
-  } else {
-    pb = b.data<float>();
-  }
-  float* pc = nullptr;
-  if (c_bf16) {
-    pc = scratch + a_scratch + b_scratch;
-    if (beta != 0.0f) widen(c.data<BFloat16>(), pc, c_scratch);
-  } else {
-    pc = c.data<float>();
-  }
-
-  MatrixMap cm(pc, m, n);  // (M, N)
-  if (k == 0) {
-    // op(a) @ op(b) is all zeros; only the beta term is left.
-    if (beta == 0.0f) {
-      cm.setZero();
-    } else if (beta != 1.0f) {
-      cm *= beta;
-    }
-  } else {
-    // a and b as stored: op(a) = a_stored or its transpose, likewise b.
-    const bool a_t = ta == Transpose::Yes;
-    const bool b_t = tb == Transpose::Yes;
-    ConstMatrixMap a_stored(pa, a_t ? k : m, a_t ? m : k);  // (M, K) or (K, M)
-    ConstMatrixMap b_stored(pb, b_t ? n : k, b_t ? k : n);  // (K, N) or (N, K)
-    if (!a_t && !b_t) {
-      multiply_into(cm, a_stored, b_stored, alpha, beta);
-    } else if (!a_t && b_t) {
-      multiply_into(cm, a_stored, b_stored.transpose(), alpha, beta);
-    } else if (a_t && !b_t) {
-      multiply_into(cm, a_stored.transpose(), b_stored, alpha, beta);
-    } else {
-      multiply_into(cm, a_stored.transpose(), b_stored.transpose(), alpha, beta);
-    }
-  }
-
-  if (c_bf16) narrow(pc, c.data<BFloat16>(), c_scratch);
-}
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t n = out.numel();
@@ -240,9 +135,9 @@ void cast(const Tensor& src, const Tensor& dst) {
   if (from == to) {
     if (n > 0) std::memmove(dst.raw_data(), src.raw_data(), dst.nbytes());
   } else if (from == DType::F32 && to == DType::BF16) {
-    narrow(src.data<float>(), dst.data<BFloat16>(), n);
+    narrow_to_bf16(src.data<float>(), dst.data<BFloat16>(), n);
   } else if (from == DType::BF16 && to == DType::F32) {
-    widen(src.data<BFloat16>(), dst.data<float>(), n);
+    widen_bf16(src.data<BFloat16>(), dst.data<float>(), n);
   } else if (from == DType::I32 && to == DType::F32) {
     const int32_t* ps = src.data<int32_t>();
     float* pd = dst.data<float>();

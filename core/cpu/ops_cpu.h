@@ -1,12 +1,26 @@
 #pragma once
-// CPU backend of core/ops.h (Eigen for GEMM, plain loops elsewhere).
+// CPU backend of core/ops.h (oneDNN or Eigen for GEMM, OpenMP loops elsewhere).
 // Arguments are already checked by the dispatcher in core/ops.cpp.
+#include <string>
+
 #include "core/ops.h"
 
 namespace st::cpu {
 
+/// The GEMM of ops::gemm: oneDNN when built with it (ST_WITH_DNNL), else Eigen.
 void gemm(const Tensor& a, ops::Transpose ta, const Tensor& b, ops::Transpose tb, const Tensor& c, int64_t m, int64_t n,
           int64_t k, float alpha, float beta);
+/// The same contract through Eigen in F32 (BF16 operands widened first): the
+/// portable path, and the reference the tests hold the fast path to.
+void gemm_eigen(const Tensor& a, ops::Transpose ta, const Tensor& b, ops::Transpose tb, const Tensor& c, int64_t m,
+                int64_t n, int64_t k, float alpha, float beta);
+/// Which library gemm() runs: "oneDNN <version> (<isa>)" or "Eigen <version>".
+std::string gemm_backend();
+
+/// BF16 <-> F32 conversion of n elements (widening is exact; narrowing rounds
+/// to nearest even, as f32_to_bf16_bits).
+void widen_bf16(const BFloat16* src, float* dst, int64_t n);
+void narrow_to_bf16(const float* src, BFloat16* dst, int64_t n);
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void scale(const Tensor& x, float s);
 void axpy(float alpha, const Tensor& x, const Tensor& y);

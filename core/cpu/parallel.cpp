@@ -1,0 +1,63 @@
+#include "core/cpu/parallel.h"
+
+#include <cstdlib>
+
+#include <omp.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+namespace st::cpu {
+
+int cpu_threads() { return omp_get_max_threads(); }
+
+void set_cpu_threads(int threads) {
+  ST_CHECK(threads >= 1, "set_cpu_threads: {} threads; need at least 1", threads);
+  omp_set_num_threads(threads);
+}
+
+int affinity_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return host_cores();
+  return std::max(1, CPU_COUNT(&set));
+}
+
+int host_cores() {
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+int auto_cpu_threads(int local_ranks) {
+  const int mine = affinity_cores();
+  // A mask narrower than the host was set by the launcher (--bind-to core,
+  // taskset, a cgroup cpuset): it is this rank's alone. Otherwise every rank
+  // on the host sees every core, and each takes its share.
+  if (mine < host_cores() || local_ranks <= 1) return mine;
+  return std::max(1, mine / local_ranks);
+}
+
+void use_short_openmp_spin(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
+  // About 10 microseconds of spinning: enough to bridge the gap between two
+  // consecutive parallel loops of a step, short enough to yield a shared core.
+  setenv("GOMP_SPINCOUNT", "20000", 1);
+  execv("/proc/self/exe", argv);
+}
+
+namespace detail {
+
+void run_blocks(int64_t blocks, void* ctx, void (*body)(void* ctx, int64_t block)) {
+  if (omp_in_parallel() || omp_get_max_threads() == 1) {
+    for (int64_t b = 0; b < blocks; ++b) body(ctx, b);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) body(ctx, b);
+}
+
+}  // namespace detail
+
+}  // namespace st::cpu

@@ -1,0 +1,64 @@
+#pragma once
+// The CPU thread pool of a rank: OpenMP's, shared with oneDNN's GEMMs, so the
+// model ops and the GEMMs never run two pools that fight for the same cores.
+//
+// Determinism: parallel_for cuts [0, n) into blocks whose bounds depend on n
+// and the grain only, never on the thread count, and each block is computed
+// by exactly one thread. A kernel that reduces across blocks adds the blocks'
+// partial results in block order, so its result does not depend on how many
+// threads ran it.
+#include <algorithm>
+#include <cstdint>
+
+namespace st::cpu {
+
+/// Threads the CPU ops of this process use (OpenMP's max threads).
+int cpu_threads();
+/// Sets the thread count of the CPU ops and GEMMs (>= 1).
+void set_cpu_threads(int threads);
+/// The cores this process may run on: its affinity mask, divided among the
+/// `local_ranks` processes of the host when the mask is not narrower than the
+/// host (ranks that the launcher did not bind would otherwise oversubscribe).
+int auto_cpu_threads(int local_ranks);
+/// Cores in this process's affinity mask, and online on the host.
+int affinity_cores();
+int host_cores();
+
+/// OpenMP threads that wait for work spin before they sleep: by default
+/// libgomp spins for about a millisecond, which on shared or oversubscribed
+/// cores steals the time the busy thread needs (measured: 30x slower steps
+/// with another job on the host). When neither OMP_WAIT_POLICY nor
+/// GOMP_SPINCOUNT is set, this sets GOMP_SPINCOUNT to a short spin and
+/// re-executes the program (libgomp reads its environment only when it
+/// loads). Call first thing in main(); returns when nothing had to be done
+/// or the re-exec failed.
+void use_short_openmp_spin(char** argv);
+
+namespace detail {
+void run_blocks(int64_t blocks, void* ctx, void (*body)(void* ctx, int64_t block));
+}
+
+/// fn(begin, end) over consecutive blocks of `grain` indices of [0, n), spread
+/// over cpu_threads() threads (serially inside another parallel region, or
+/// when there is a single block).
+template <class Fn>
+void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t blocks = (n + grain - 1) / grain;
+  if (blocks == 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  struct Ctx {
+    Fn* fn;
+    int64_t n, grain;
+  } ctx{&fn, n, grain};
+  detail::run_blocks(blocks, &ctx, [](void* p, int64_t block) {
+    auto* c = static_cast<Ctx*>(p);
+    const int64_t begin = block * c->grain;
+    (*c->fn)(begin, std::min(c->n, begin + c->grain));
+  });
+}
+
+}  // namespace st::cpu
