@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/cpu/ops_cpu.h"
 #include "core/cuda/cuda_runtime.h"
 #include "core/ops.h"
 #include "tests/test_util.h"
@@ -69,13 +70,19 @@ struct AlphaBeta {
   float alpha, beta;
 };
 
-using GemmParam = std::tuple<DType, DType, DType, Transpose, Transpose>;
+// The GEMM under test: the dispatcher's (oneDNN when built with it) or the
+// portable Eigen path; both are held to the same bounds.
+enum class GemmPath : uint8_t { Dispatch, Eigen };
+
+using GemmParam = std::tuple<DType, DType, DType, Transpose, Transpose, GemmPath>;
 
 class GemmTest : public ::testing::TestWithParam<GemmParam> {};
 
 TEST_P(GemmTest, MatchesDoubleTripleLoop) {
-  const auto [a_dtype, b_dtype, c_dtype, ta, tb] = GetParam();
-  const GemmCase cases[] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 9}, {64, 1, 128}, {1, 48, 70}, {70, 50, 300}};
+  const auto [a_dtype, b_dtype, c_dtype, ta, tb, path] = GetParam();
+  // Small shapes for the edges, larger ones for the blocked (AMX, AVX-512) kernels.
+  const GemmCase cases[] = {{1, 1, 1},   {3, 5, 7},     {17, 33, 9},   {64, 1, 128},
+                            {1, 48, 70}, {70, 50, 300}, {130, 97, 260}};
   const AlphaBeta scalings[] = {{1.0f, 0.0f}, {-0.75f, 0.0f}, {1.25f, -0.5f}, {1.0f, 1.0f}};
   uint32_t seed = 1;
   for (const GemmCase& g : cases) {
@@ -95,7 +102,11 @@ TEST_P(GemmTest, MatchesDoubleTripleLoop) {
       Tensor b = Tensor::from_floats(b_vals, b_shape, b_dtype);
       Tensor c = Tensor::from_floats(c_old, {m, n}, c_dtype);
 
-      st::ops::gemm(a, ta, b, tb, c, s.alpha, s.beta);
+      if (path == GemmPath::Eigen) {
+        st::cpu::gemm_eigen(a, ta, b, tb, c, m, n, k, s.alpha, s.beta);
+      } else {
+        st::ops::gemm(a, ta, b, tb, c, s.alpha, s.beta);
+      }
       const std::vector<float> got = c.to_floats();
 
       int64_t bad = 0;
@@ -147,9 +158,10 @@ TEST_P(GemmTest, MatchesDoubleTripleLoop) {
 }
 
 std::string gemm_param_name(const ::testing::TestParamInfo<GemmParam>& info) {
-  const auto [a, b, c, ta, tb] = info.param;
+  const auto [a, b, c, ta, tb, path] = info.param;
   return std::string(st::dtype_name(a)) + "_" + std::string(st::dtype_name(b)) + "_" + std::string(st::dtype_name(c)) +
-         (ta == Transpose::Yes ? "_aT" : "_aN") + (tb == Transpose::Yes ? "_bT" : "_bN");
+         (ta == Transpose::Yes ? "_aT" : "_aN") + (tb == Transpose::Yes ? "_bT" : "_bN") +
+         (path == GemmPath::Eigen ? "_eigen" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypesAndTransposes, GemmTest,
@@ -157,8 +169,34 @@ INSTANTIATE_TEST_SUITE_P(AllDtypesAndTransposes, GemmTest,
                                             ::testing::Values(DType::F32, DType::BF16),
                                             ::testing::Values(DType::F32, DType::BF16),
                                             ::testing::Values(Transpose::No, Transpose::Yes),
-                                            ::testing::Values(Transpose::No, Transpose::Yes)),
+                                            ::testing::Values(Transpose::No, Transpose::Yes),
+                                            ::testing::Values(GemmPath::Dispatch, GemmPath::Eigen)),
                          gemm_param_name);
+
+TEST(GemmShapes, RepeatedCallIsBitIdentical) {
+  // Activation recomputation relies on it: the same GEMM on the same inputs
+  // (same thread count) gives the same bits, in F32 and in BF16.
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    Tensor a = Tensor::from_floats(as_stored(random_floats(96 * 288, 7), dtype), {96, 288}, dtype);
+    Tensor w = Tensor::from_floats(as_stored(random_floats(200 * 288, 8), dtype), {200, 288}, dtype);
+    Tensor c1 = Tensor::zeros({96, 200}, DType::F32);
+    Tensor c2 = Tensor::zeros({96, 200}, DType::F32);
+    st::ops::gemm(a, Transpose::No, w, Transpose::Yes, c1);
+    st::ops::gemm(a, Transpose::No, w, Transpose::Yes, c2);
+    const std::vector<float> v1 = c1.to_floats();
+    const std::vector<float> v2 = c2.to_floats();
+    EXPECT_EQ(std::memcmp(v1.data(), v2.data(), v1.size() * sizeof(float)), 0) << st::dtype_name(dtype);
+  }
+}
+
+TEST(GemmShapes, BackendIsNamed) {
+  const std::string backend = st::cpu::gemm_backend();
+#ifdef ST_WITH_DNNL
+  EXPECT_EQ(backend.rfind("oneDNN ", 0), 0u) << backend;
+#else
+  EXPECT_EQ(backend.rfind("Eigen ", 0), 0u) << backend;
+#endif
+}
 
 TEST(GemmShapes, HandComputedProduct) {
   // [[1, 2, 3], [4, 5, 6]] @ [[1, 0], [0, 1], [1, 1]] = [[4, 5], [10, 11]]
