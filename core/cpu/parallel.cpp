@@ -41,9 +41,9 @@ int auto_cpu_threads(int local_ranks) {
 
 void use_short_openmp_spin(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
-  // About 10 microseconds of spinning: enough to bridge the gap between two
-  // consecutive parallel loops of a step, short enough to yield a shared core.
-  setenv("GOMP_SPINCOUNT", "20000", 1);
+  // Waiting threads sleep at once (futex): a wake-up costs microseconds per
+  // parallel loop, where spinning on a shared core can cost a time slice.
+  setenv("OMP_WAIT_POLICY", "passive", 1);
   execv("/proc/self/exe", argv);
 }
 
