@@ -1,0 +1,186 @@
+// gemm_peak: the large-GEMM throughput of this machine through our own
+// st::ops::gemm (oneDNN when built with it, else Eigen), the denominator of
+// "fraction of peak" in bench/cpu_bench.sh.
+//
+//   build/gemm_peak --threads 2                 # 2048^3, F32 and BF16
+//   build/gemm_peak --size 4096 --repeats 10
+//
+// For each operand dtype (F32, BF16; the output C is always F32, so BF16 runs
+// multiply BF16 operands with F32 accumulation) and each layout the trainer
+// uses for a Linear (NN: dx = dy @ W; NT: y = x @ W^T), it times --repeats
+// calls of c = a @ op(b) after --warmup untimed ones (which also build and
+// cache oneDNN's primitive) and prints one JSON line per dtype:
+//   {"impl":"shardtrain","dtype":"bf16","size":2048,"threads":2,
+//    "gflops":..., "gflops_max":..., "layouts":{"nn":...,"nt":...}, ...}
+// gflops is the best layout's median (2*M*N*K / median seconds / 1e9);
+// gflops_max is the fastest single call seen. One process, no MPI.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cpu/ops_cpu.h"
+#include "core/cpu/parallel.h"
+#include "core/error.h"
+#include "core/format.h"
+#include "core/ops.h"
+#include "core/tensor.h"
+
+namespace st::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  int64_t size = 2048;  // M = N = K
+  int threads = 0;      // 0: the cores of this process's affinity mask
+  int warmup = 2;
+  int repeats = 8;
+  std::vector<DType> dtypes{DType::F32, DType::BF16};
+  bool help = false;
+};
+
+constexpr std::string_view kUsage =
+    "usage: gemm_peak [--size N] [--threads N] [--warmup N] [--repeats N] [--dtypes f32,bf16]\n"
+    "  --size N      M = N = K of the GEMM (default 2048)\n"
+    "  --threads N   OpenMP/oneDNN threads (default 0: the cores this process may use)\n"
+    "  --warmup N    untimed calls per dtype and layout first (default 2)\n"
+    "  --repeats N   timed calls per dtype and layout; the median is reported (default 8)\n"
+    "  --dtypes L    operand dtypes, comma-separated from f32 and bf16 (default both); C is F32\n";
+
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  ST_CHECK(used == text.size() && v >= min, "{} must be an integer >= {}, got '{}'", flag, min, text);
+  return v;
+}
+
+std::vector<DType> parse_dtypes(const std::string& list) {
+  std::vector<DType> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string name = list.substr(start, comma - start);
+    ST_CHECK(name == "f32" || name == "bf16", "--dtypes: unknown dtype '{}' (f32, bf16)", name);
+    out.push_back(name == "f32" ? DType::F32 : DType::BF16);
+    start = comma + 1;
+  }
+  return out;
+}
+
+Args parse_args(const std::vector<std::string>& argv) {
+  Args a;
+  auto value = [&](size_t& i) -> const std::string& {
+    ST_CHECK(i + 1 < argv.size(), "{} needs a value\n{}", argv[i], kUsage);
+    return argv[++i];
+  };
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      a.help = true;
+    } else if (flag == "--size") {
+      a.size = parse_int(flag, value(i), 1);
+    } else if (flag == "--threads") {
+      a.threads = static_cast<int>(parse_int(flag, value(i), 0));
+    } else if (flag == "--warmup") {
+      a.warmup = static_cast<int>(parse_int(flag, value(i), 0));
+    } else if (flag == "--repeats") {
+      a.repeats = static_cast<int>(parse_int(flag, value(i), 1));
+    } else if (flag == "--dtypes") {
+      a.dtypes = parse_dtypes(value(i));
+    } else {
+      ST_FAIL("unknown argument '{}'\n{}", flag, kUsage);
+    }
+  }
+  return a;
+}
+
+// Uniform values in [-1, 1): no denormals, no overflow, nothing a library
+// could special-case (zeros or constants might be).
+Tensor random_matrix(int64_t rows, int64_t cols, DType dtype, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  for (float& v : values) v = dist(rng);
+  return Tensor::from_floats(values, {rows, cols}, dtype);
+}
+
+struct Timing {
+  double median_s = 0;
+  double min_s = 0;
+};
+
+// Times c = a @ op(b): `warmup` calls first, then `repeats` timed calls.
+Timing time_gemm(const Tensor& a, const Tensor& b, ops::Transpose tb, const Tensor& c, const Args& args) {
+  for (int i = 0; i < args.warmup; ++i) ops::gemm(a, ops::Transpose::No, b, tb, c);
+  std::vector<double> seconds;
+  for (int i = 0; i < args.repeats; ++i) {
+    const auto t0 = Clock::now();
+    ops::gemm(a, ops::Transpose::No, b, tb, c);
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  // The median of an even count is the mean of the middle two.
+  const size_t n = seconds.size();
+  return {n % 2 ? seconds[n / 2] : 0.5 * (seconds[n / 2 - 1] + seconds[n / 2]), seconds.front()};
+}
+
+// One JSON line for `dtype`: both layouts, the best one's median as "gflops".
+std::string measure(DType dtype, const Args& args) {
+  const int64_t n = args.size;
+  const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+  const Tensor a = random_matrix(n, n, dtype, 1);  // [M, K]
+  const Tensor b = random_matrix(n, n, dtype, 2);  // [K, N] (NN) or [N, K] (NT)
+  const Tensor c = Tensor::empty({n, n}, DType::F32);
+  const Timing nn = time_gemm(a, b, ops::Transpose::No, c, args);
+  const Timing nt = time_gemm(a, b, ops::Transpose::Yes, c, args);
+  const double best_median = std::min(nn.median_s, nt.median_s);
+  const double best_single = std::min(nn.min_s, nt.min_s);
+  const std::string name = dtype == DType::F32 ? "f32" : "bf16";
+  return format(
+      R"({{"impl":"shardtrain","dtype":"{}","size":{},"threads":{},"gflops":{:.2f},"gflops_max":{:.2f},)"
+      R"("layouts":{{"nn":{:.2f},"nt":{:.2f}}},"repeats":{},"warmup":{},"backend":"{}"}})",
+      name, n, cpu::cpu_threads(), flops / best_median / 1e9, flops / best_single / 1e9, flops / nn.median_s / 1e9,
+      flops / nt.median_s / 1e9, args.repeats, args.warmup, cpu::gemm_backend());
+}
+
+int run(const std::vector<std::string>& argv) {
+  const Args args = parse_args(argv);
+  if (args.help) {
+    std::fputs(kUsage.data(), stdout);
+    return 0;
+  }
+  cpu::set_cpu_threads(args.threads > 0 ? args.threads : cpu::auto_cpu_threads(1));
+  for (DType dtype : args.dtypes) {
+    std::printf("%s\n", measure(dtype, args).c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace st::bench
+
+int main(int argc, char** argv) {
+  st::cpu::use_short_openmp_spin(argv);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return st::bench::run(args);
+  } catch (const st::Error& e) {
+    std::fprintf(stderr, "gemm_peak: error: %s\n", e.message().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gemm_peak: internal error: %s\n", e.what());
+    return 2;
+  }
+}
