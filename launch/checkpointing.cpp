@@ -632,10 +632,16 @@ void Checkpointer::log_schedule_change(const json& state, int64_t step) {
   const std::string their_kind = schedule.value("kind", std::string("?"));
   const std::string our_kind(to_string(config_.optim.schedule.kind));
   if (their_steps == config_.train.steps && their_kind == our_kind && theirs == ours) return;
-  log_.warn0(
-      "the learning-rate schedule differs from the checkpoint's (train.steps {} -> {}, {} -> {}): step {} uses lr "
-      "{:.3e} under this run's schedule, {:.3e} under the checkpoint's",
-      their_steps, config_.train.steps, their_kind, our_kind, step + 1, ours, theirs);
+  const std::string change =
+      format("the learning-rate schedule differs from the checkpoint's (train.steps {} -> {}, {} -> {})", their_steps,
+             config_.train.steps, their_kind, our_kind);
+  if (theirs == ours) {
+    // Nothing jumps now; later steps follow this run's schedule.
+    log_.info0("{}: step {} uses lr {:.3e} under both", change, step + 1, ours);
+    return;
+  }
+  log_.warn0("{}: step {} uses lr {:.3e} under this run's schedule, {:.3e} under the checkpoint's", change, step + 1,
+             ours, theirs);
 }
 
 }  // namespace st::launch

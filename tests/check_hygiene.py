@@ -95,6 +95,15 @@ def check_messages(trainer, tmp):
     if abs(float(ours) - float(theirs)) < 1e-7:
         fail(f"both schedules give the same lr: {line}")
     print(f"messages: {line.split('WARN ')[1]}")
+    # A constant schedule gives the same lr under both: said, not warned.
+    const_root = os.path.join(tmp, "msg-constant")
+    constant = sets(checkpoint__dir=const_root, optim__schedule__kind="constant")
+    run([trainer, "--config", TINY, "--stop-after", "10"] + constant)
+    same = run([trainer, "--config", TINY, "--steps", "100", "--stop-after", "11"] + constant)
+    out = expect(same, 0, "(train.steps 60 -> 100, constant -> constant): step 11 uses lr 3.000e-03 under both",
+                 what="schedule change, same lr")
+    if "WARN" in [ln for ln in out.splitlines() if "schedule differs" in ln][0]:
+        fail("an unchanged lr was reported as a warning")
 
     keep = run([trainer, "--config", TINY, "--stop-after", "30", "--steps", "100"] +
                sets(checkpoint__dir=root, checkpoint__keep_last=1))
