@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu/parallel.h"
 #include "core/cuda/ops_cuda.h"
 #include "core/error.h"
 #include "optim/kernel.h"
@@ -26,8 +27,14 @@ namespace {
 // struct. On the CPU `decay` is set per range (1 for ranges without decay).
 using AdamWScalars = cuda::AdamWScalars;
 
+// Elements per parallel block of the CPU kernel.
+constexpr int64_t kBlockElems = 32768;
+
 ST_OPTIM_KERNEL void adamw_kernel(float* __restrict p, const float* __restrict g, float* __restrict m,
                                   float* __restrict v, int64_t n, const AdamWScalars& s) {
+  // Every operation is IEEE-exact per element (sqrt and division included),
+  // so the vector and scalar code of this loop round identically.
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i];
     const float decayed = p[i] * s.decay;
@@ -93,7 +100,11 @@ class AdamW final : public Optimizer {
       for (const ParamRange& r : slot.segment.ranges) {
         // Multiplying by exactly 1 is what torch does for a group with weight_decay 0.
         s.decay = r.weight_decay ? decay : 1.0f;
-        adamw_kernel(p + r.offset, g + r.offset, m + r.offset, v + r.offset, r.numel, s);
+        const int64_t o = r.offset;
+        // Elements are independent: blocks may run on any thread.
+        cpu::parallel_for(r.numel, kBlockElems, [&](int64_t begin, int64_t end) {
+          adamw_kernel(p + o + begin, g + o + begin, m + o + begin, v + o + begin, end - begin, s);
+        });
       }
     }
   }

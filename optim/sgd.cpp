@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu/parallel.h"
 #include "core/error.h"
 #include "optim/kernel.h"
 
@@ -20,8 +21,12 @@ namespace {
 
 enum class MomentumInit : uint8_t { Copy, Accumulate };
 
+// Elements per parallel block.
+constexpr int64_t kBlockElems = 32768;
+
 ST_OPTIM_KERNEL void sgd_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
                                 float weight_decay, float momentum, float neg_lr, MomentumInit init) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     // torch skips the add when weight_decay is 0 (adding 0 * p would turn an
     // infinite p into NaN and -0 into +0).
@@ -68,8 +73,12 @@ class Sgd final : public Optimizer {
       const float* g = slot.segment.grad.data<float>();
       float* buf = slot.momentum_buffer.data<float>();
       for (const ParamRange& r : slot.segment.ranges) {
-        sgd_kernel(p + r.offset, g + r.offset, buf + r.offset, r.numel, r.weight_decay ? decay : 0.0f, momentum, neg_lr,
-                   init);
+        const int64_t o = r.offset;
+        const float wd = r.weight_decay ? decay : 0.0f;
+        // Elements are independent: blocks may run on any thread.
+        cpu::parallel_for(r.numel, kBlockElems, [&](int64_t begin, int64_t end) {
+          sgd_kernel(p + o + begin, g + o + begin, buf + o + begin, end - begin, wd, momentum, neg_lr, init);
+        });
       }
     }
   }

@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/cpu/parallel.h"
 #include "core/ops.h"
 #include "tests/test_util.h"
 
@@ -686,11 +687,12 @@ std::string attention_case_name(const ::testing::TestParamInfo<AttnDims>& param)
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
-                         ::testing::Values(AttnDims{2, 5, 4, 2, 6},   // GQA, two query heads per K/V head
-                                           AttnDims{1, 5, 4, 4, 6},   // H == KV
-                                           AttnDims{2, 7, 3, 1, 4},   // one K/V head for all
-                                           AttnDims{1, 1, 2, 2, 6},   // a single position
-                                           AttnDims{1, 32, 4, 2, 16}  // the CPU training config's attention
+                         ::testing::Values(AttnDims{2, 5, 4, 2, 6},    // GQA, two query heads per K/V head
+                                           AttnDims{1, 5, 4, 4, 6},    // H == KV
+                                           AttnDims{2, 7, 3, 1, 4},    // one K/V head for all
+                                           AttnDims{1, 1, 2, 2, 6},    // a single position
+                                           AttnDims{1, 32, 4, 2, 16},  // the CPU training config's attention
+                                           AttnDims{1, 150, 2, 1, 4}   // three query/key tiles, the last partial
                                            ),
                          attention_case_name);
 
@@ -941,6 +943,100 @@ TEST(ModelOps, WrongDtypesAreNamed) {
                                Tensor::zeros({3, 6}, DType::F32));
   });
   EXPECT_TRUE(contains(msg, "tokens") && contains(msg, "I32")) << msg;
+}
+
+// ---------------------------------------------------------------- threads
+
+// Runs `run` (which fills its outputs) with 1, 2 and 3 CPU threads and
+// requires every output to be bit-identical across the three: block bounds
+// and the order of cross-block sums depend on shapes only.
+template <class Run>
+void expect_same_for_thread_counts(const char* what, Run run) {
+  const int saved = st::cpu::cpu_threads();
+  std::vector<std::vector<uint8_t>> first;
+  for (int threads : {1, 2, 3}) {
+    st::cpu::set_cpu_threads(threads);
+    const std::vector<Tensor> outs = run();
+    std::vector<std::vector<uint8_t>> bytes;
+    for (const Tensor& t : outs) {
+      const auto* p = static_cast<const uint8_t*>(t.raw_data());
+      bytes.emplace_back(p, p + t.nbytes());
+    }
+    if (first.empty()) {
+      first = bytes;
+    } else {
+      for (size_t i = 0; i < bytes.size(); ++i)
+        EXPECT_TRUE(bytes[i] == first[i]) << what << ": output " << i << " differs with " << threads << " threads";
+    }
+  }
+  st::cpu::set_cpu_threads(saved);
+}
+
+// A double's bits as an I32 tensor [2], so bit comparisons cover loss sums.
+Tensor double_bits(double v) {
+  std::vector<int32_t> bits(2);
+  std::memcpy(bits.data(), &v, sizeof v);
+  return make_i32(bits, {2});
+}
+
+TEST(Threads, ResultsDoNotDependOnThreadCount) {
+  for (DType t : {DType::F32, DType::BF16}) {
+    // RMSNorm over several row blocks; dweight is a cross-block sum.
+    const int64_t rows = 300, d = 96;
+    const auto x = as_stored(random_floats(rows * d, 100), t), w = as_stored(random_floats(d, 101), t);
+    const auto dy = as_stored(random_floats(rows * d, 102), t);
+    expect_same_for_thread_counts("rmsnorm", [&] {
+      Tensor out = Tensor::zeros({rows, d}, t), rstd = Tensor::zeros({rows}, DType::F32);
+      Tensor dx = Tensor::zeros({rows, d}, t), dw = Tensor::zeros({d}, DType::F32);
+      st::ops::rmsnorm_forward(make(x, {rows, d}, t), make(w, {d}, t), 1e-5f, out, rstd);
+      st::ops::rmsnorm_backward(make(dy, {rows, d}, t), make(x, {rows, d}, t), make(w, {d}, t), rstd, dx, dw);
+      return std::vector<Tensor>{out, rstd, dx, dw};
+    });
+
+    // Attention over several (batch, head, tile) units, GQA.
+    const AttnDims a{2, 130, 4, 2, 16};
+    const AttnInputs in = attention_inputs(a, 103);
+    const auto go = as_stored(random_floats(a.b * a.t * a.h * a.hd, 104), t);
+    const Shape qs{a.b, a.t, a.h, a.hd}, ks{a.b, a.t, a.kv, a.hd};
+    expect_same_for_thread_counts("attention", [&] {
+      Tensor q = make(as_stored(in.q, t), qs, t), k = make(as_stored(in.k, t), ks, t);
+      Tensor v = make(as_stored(in.v, t), ks, t);
+      Tensor out = Tensor::zeros(qs, t), lse = Tensor::zeros({a.b, a.h, a.t}, DType::F32);
+      Tensor dq = Tensor::zeros(qs, t), dk = Tensor::zeros(ks, t), dv = Tensor::zeros(ks, t);
+      st::ops::attention_forward(q, k, v, out, lse);
+      st::ops::attention_backward(make(go, qs, t), q, k, v, out, lse, dq, dk, dv);
+      return std::vector<Tensor>{out, lse, dq, dk, dv};
+    });
+
+    // Cross-entropy over many rows (loss summed across blocks), MSE, SwiGLU.
+    const int64_t n = 53, vocab = 1000;
+    const auto logits = as_stored(random_floats(n * vocab, 105, 3.0f), t);
+    std::vector<int32_t> targets(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) targets[static_cast<size_t>(r)] = r % 9 == 4 ? kIgnore : (r * 37) % vocab;
+    expect_same_for_thread_counts("cross_entropy, mse, swiglu", [&] {
+      Tensor dl = Tensor::zeros({n, vocab}, t), dp = Tensor::zeros({n, vocab}, t);
+      Tensor sw = Tensor::zeros({n, vocab}, t), dg = Tensor::zeros({n, vocab}, t), du = Tensor::zeros({n, vocab}, t);
+      Tensor lt = make(logits, {n, vocab}, t);
+      const auto ce = st::ops::cross_entropy(lt, make_i32(targets, {n}), kIgnore, 0.01f, dl);
+      const auto ms = st::ops::mse(lt, dl, 0.5f, dp);
+      st::ops::swiglu_forward(lt, dl, sw);
+      st::ops::swiglu_backward(dp, lt, dl, dg, du);
+      return std::vector<Tensor>{dl, dp, sw, dg, du, double_bits(ce.sum), double_bits(ms.sum)};
+    });
+  }
+
+  // Embedding backward with repeated tokens, and sum_of_squares over many blocks.
+  const int64_t n = 2000, vocab = 37, d = 24;
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * i + 3 * i) % vocab);
+  const auto g = random_floats(n * d, 106);
+  const auto big = random_floats(100003, 107);
+  expect_same_for_thread_counts("embedding_backward, sum_of_squares", [&] {
+    Tensor dw = Tensor::zeros({vocab, d}, DType::F32);
+    st::ops::embedding_backward(make_i32(tokens, {n}), make(g, {n, d}), dw);
+    const double ss = st::ops::sum_of_squares(make(big, {100003}));
+    return std::vector<Tensor>{dw, double_bits(ss)};
+  });
 }
 
 }  // namespace

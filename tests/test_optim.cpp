@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "core/config.h"
+#include "core/cpu/parallel.h"
 #include "core/tensor.h"
 #include "optim/optimizer.h"
 #include "tests/test_util.h"
@@ -570,6 +571,37 @@ TEST(Clip, ValidatesTheSegment) {
   Segment s{Tensor::zeros({8}, DType::F32), Tensor::zeros({4}, DType::F32), {{"model.norm.weight", 0, 4, false}}};
   EXPECT_TRUE(contains(error_of([&] { grad_sum_of_squares(s); }), "grad has 4 elements but param has 8"));
   EXPECT_TRUE(contains(error_of([&] { scale_grad(s, 0.5); }), "'model.norm.weight'"));
+}
+
+// The CPU kernels split each range into parallel blocks; the update of an
+// element does not depend on the block or thread that computed it.
+TEST(Optimizers, ResultsDoNotDependOnThreadCount) {
+  const int64_t n = 100000;  // several blocks, a partial last one
+  const std::vector<ParamRange> ranges = {{"model.embed_tokens.weight", 3, 70000, true},
+                                          {"model.norm.weight", 70003, 29990, false}};
+  const int saved = st::cpu::cpu_threads();
+  for (const OptimConfig& c : {adamw_config(), sgd_config()}) {
+    std::vector<std::vector<uint32_t>> results;
+    for (int threads : {1, 2, 3}) {
+      st::cpu::set_cpu_threads(threads);
+      Segment s = make_segment(ranges, n);
+      auto opt = make_optimizer(c);
+      opt->add_segment(s);
+      for (int64_t t = 1; t <= 3; ++t) {
+        fill_grad(s, t);
+        opt->step(lr_at(c, t));
+      }
+      std::vector<uint32_t> bits;
+      for (float v : s.param.to_floats()) bits.push_back(std::bit_cast<uint32_t>(v));
+      for (auto& [name, state] : opt->state(0))
+        for (float v : state.to_floats()) bits.push_back(std::bit_cast<uint32_t>(v));
+      expect_padding_untouched(s);
+      results.push_back(std::move(bits));
+    }
+    EXPECT_TRUE(results[0] == results[1]) << (c.name == OptimizerKind::AdamW ? "adamw" : "sgd") << ": 1 vs 2 threads";
+    EXPECT_TRUE(results[0] == results[2]) << (c.name == OptimizerKind::AdamW ? "adamw" : "sgd") << ": 1 vs 3 threads";
+  }
+  st::cpu::set_cpu_threads(saved);
 }
 
 }  // namespace
