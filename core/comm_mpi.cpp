@@ -12,6 +12,18 @@
 // Staging buffers are allocated per call: several Works may be in flight at
 // once, each needing its own.
 //
+// Progress: Open MPI (4.1, no async progress thread) moves a non-blocking
+// collective only inside MPI calls, so a prefetched all-gather or an early
+// reduce-scatter would sit idle until its wait(). Every started request is
+// kept in a process-wide registry until it is waited for, and the thread that
+// starts collectives gets a progress hook at its op boundaries
+// (core/profile.h) that calls MPI_Test on the oldest registered request: any
+// MPI_Test runs Open MPI's progress engine, which advances every outstanding
+// collective (libnbc schedules, shared-memory rendezvous copies). Results do
+// not change: a collective's schedule and reduction order are fixed when it
+// starts; only when its steps run moves. ST_MPI_PROGRESS=0 turns the hook off
+// (for before/after measurements).
+//
 // GPU tensors are staged through host memory: copied to the host when the
 // collective starts (which waits for the GPU's pending work), run through the
 // CPU path, and the output copied back inside wait(). That costs two copies
@@ -19,12 +31,17 @@
 // several ranks share one GPU (tests) or a GPU build run without NCCL.
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <mutex>
+#include <string_view>
 
 #include <mpi.h>
 
 #include "core/comm.h"
+#include "core/profile.h"
 #include "core/watchdog.h"
 
 namespace st {
@@ -172,17 +189,73 @@ Work staged(Work host_work, const Tensor& device_out, const Tensor& host_out) {
   return Work(std::make_unique<StagedWork>(std::move(host_work), device_out, host_out));
 }
 
+/// Requests started and not yet waited for, oldest first, so that op
+/// boundaries can drive them. Every access to a registered request goes
+/// through the mutex: the hook may run on another thread than the wait.
+class ProgressRegistry {
+ public:
+  void add(MPI_Request* request) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    requests_.push_back(request);
+  }
+  /// Takes `request` out; after this only its owner touches it.
+  void remove(MPI_Request* request) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::erase(requests_, request);
+  }
+  /// MPI_Test on `request` under the registry's lock; true when complete.
+  bool test(MPI_Request* request, int* rc) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    int done = 0;
+    *rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    return done != 0;
+  }
+  /// Advances every outstanding collective: tests the oldest request (which
+  /// runs the whole progress engine) and drops those that completed. Errors
+  /// are left for the owner's wait(), which sees them again.
+  void progress() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    while (!requests_.empty()) {
+      int done = 0;
+      if (MPI_Test(requests_.front(), &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) return;
+      requests_.pop_front();  // completed: MPI set it to MPI_REQUEST_NULL, so wait() returns at once
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::deque<MPI_Request*> requests_;
+};
+
+ProgressRegistry& progress_registry() {
+  static ProgressRegistry registry;
+  return registry;
+}
+
+void progress_hook() { progress_registry().progress(); }
+
+/// False when ST_MPI_PROGRESS is "0" or "off": collectives then advance only in wait().
+bool progress_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("ST_MPI_PROGRESS");
+    return v == nullptr || (std::string_view(v) != "0" && std::string_view(v) != "off");
+  }();
+  return enabled;
+}
+
 /// The request of one started collective, what it needs kept alive, and the
 /// step that finishes it on this rank once MPI is done.
 class MpiWork final : public Work::Impl {
  public:
-  MpiWork(std::string what, Watchdog* watchdog) : what_(std::move(what)), watchdog_(watchdog) {}
+  MpiWork(std::string what, Watchdog* watchdog, profile::WaitKind kind)
+      : what_(std::move(what)), watchdog_(watchdog), kind_(kind) {}
   MpiWork(const MpiWork&) = delete;
   MpiWork& operator=(const MpiWork&) = delete;
   ~MpiWork() override {
     // Reached with a live request only when the collective was dropped after
     // a failure elsewhere; MPI may still write into the buffers held here,
     // so wait rather than free them under it.
+    if (registered_) progress_registry().remove(&request_);
     if (request_ != MPI_REQUEST_NULL && !mpi_finalized()) MPI_Wait(&request_, MPI_STATUS_IGNORE);
   }
 
@@ -194,22 +267,37 @@ class MpiWork final : public Work::Impl {
   /// Runs inside wait() after MPI completes (BF16 rounding, Avg division).
   void on_complete(std::function<void()> step) { finish_ = std::move(step); }
 
-  /// Throws when starting the collective failed.
-  void check_started(int rc) const {
+  /// Throws when starting the collective failed; else hands the request to
+  /// op-boundary progress (when enabled) from this thread on.
+  void check_started(int rc) {
     ST_CHECK(rc == MPI_SUCCESS, "{} could not start: {}", what_, detail::mpi_error_string(rc));
+    if (!progress_enabled()) return;
+    progress_registry().add(&request_);
+    registered_ = true;
+    profile::set_progress_hook(&progress_hook);
   }
 
   void wait() override {
+    if (registered_) {
+      progress_registry().remove(&request_);
+      registered_ = false;
+    }
     // The watchdog sees this rank blocked here (and in which collective) until MPI returns.
     const Watchdog::Blocked blocked(watchdog_, what_);
+    const profile::WaitScope timed(kind_);
     int rc = MPI_Wait(&request_, MPI_STATUS_IGNORE);
     ST_CHECK(rc == MPI_SUCCESS, "{} failed: {}", what_, detail::mpi_error_string(rc));
     if (finish_) finish_();
   }
 
   bool test() override {
+    int rc = MPI_SUCCESS;
     int done = 0;
-    int rc = MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+    if (registered_) {
+      done = progress_registry().test(&request_, &rc) ? 1 : 0;
+    } else {
+      rc = MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+    }
     ST_CHECK(rc == MPI_SUCCESS, "{} failed: {}", what_, detail::mpi_error_string(rc));
     return done != 0;
   }
@@ -217,7 +305,9 @@ class MpiWork final : public Work::Impl {
  private:
   std::string what_;  // "all_reduce(Sum) of 1024 BF16 elements on rank 1 of 4"
   Watchdog* watchdog_;
+  profile::WaitKind kind_;
   MPI_Request request_ = MPI_REQUEST_NULL;
+  bool registered_ = false;  // in progress_registry() until wait()
   std::vector<Tensor> kept_;
   std::vector<int> ints_;
   std::function<void()> finish_;
@@ -369,7 +459,8 @@ class MpiGroup final : public ProcessGroup {
   }
 
   Work barrier(const BarrierOptions&) override {
-    auto work = std::make_unique<MpiWork>(format("barrier on rank {} of {}", rank_, size_), watchdog());
+    auto work = std::make_unique<MpiWork>(format("barrier on rank {} of {}", rank_, size_), watchdog(),
+                                          profile::WaitKind::Other);
     work->check_started(MPI_Ibarrier(comm_.get(), work->request()));
     return Work(std::move(work));
   }
@@ -388,8 +479,13 @@ class MpiGroup final : public ProcessGroup {
  private:
   /// A Work named after the op, the tensor it moves and this rank.
   std::unique_ptr<MpiWork> start(const std::string& op, const Tensor& t) const {
+    // The profile charges all-gathers, reductions and the rest to separate rows.
+    const profile::WaitKind kind = op.starts_with("all_gather") ? profile::WaitKind::Gather
+                                   : op.starts_with("reduce_scatter") || op.starts_with("all_reduce")
+                                       ? profile::WaitKind::Reduce
+                                       : profile::WaitKind::Other;
     return std::make_unique<MpiWork>(
-        format("{} of {} {} elements on rank {} of {}", op, t.numel(), t.dtype(), rank_, size_), watchdog());
+        format("{} of {} {} elements on rank {} of {}", op, t.numel(), t.dtype(), rank_, size_), watchdog(), kind);
   }
 
   /// MPI counts are int.

@@ -183,6 +183,10 @@ void visit_schema(C& c, V&& v) {
   v(Key("logging.interval", "print a step line every N steps"), l.interval);
   v(Key("logging.metrics_file", "append one JSON object per logged step; empty disables"), l.metrics_file);
   v(Key("logging.level", "debug | info | warn | error", kLogLevels), l.level);
+  v(Key("logging.profile",
+        "print where each step's time went (phases, GEMM, ops, collective waits) and a summary table at the end; "
+        "same as --profile"),
+    l.profile);
 }
 
 std::vector<std::string_view> schema_keys() {

@@ -162,6 +162,7 @@ struct LoggingConfig {
   int64_t interval = 1;                // print a step line every N steps
   std::string metrics_file;            // append one JSON object per logged step; empty disables
   std::string level = "info";          // debug | info | warn | error
+  bool profile = false;                // print where each step's time went (phases, GEMM, ops, collective waits) and a summary table at the end; same as --profile
 
   bool operator==(const LoggingConfig&) const = default;
 };

@@ -5,6 +5,7 @@
 
 #include "core/cpu/ops_cpu.h"
 #include "core/cuda/ops_cuda.h"
+#include "core/profile.h"
 
 namespace st::ops {
 
@@ -95,7 +96,9 @@ void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, const Te
     cuda::gemm(a, ta, b, tb, c, m, n, k, alpha, beta);
     return;
   }
-  cpu::gemm(a, ta, b, tb, c, m, n, k, alpha, beta);
+  // The profile counts 2*m*n*k FLOPs per product (a multiply and an add).
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  profile::op(profile::Activity::Gemm, flops, [&] { cpu::gemm(a, ta, b, tb, c, m, n, k, alpha, beta); });
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -112,7 +115,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
     cuda::add(a, b, out);
     return;
   }
-  cpu::add(a, b, out);
+  profile::op(profile::Activity::Ops, 0, [&] { cpu::add(a, b, out); });
 }
 
 void scale(const Tensor& x, float s) {
@@ -121,7 +124,7 @@ void scale(const Tensor& x, float s) {
     cuda::scale(x, s);
     return;
   }
-  cpu::scale(x, s);
+  profile::op(profile::Activity::Ops, 0, [&] { cpu::scale(x, s); });
 }
 
 void axpy(float alpha, const Tensor& x, const Tensor& y) {
@@ -134,7 +137,7 @@ void axpy(float alpha, const Tensor& x, const Tensor& y) {
     cuda::axpy(alpha, x, y);
     return;
   }
-  cpu::axpy(alpha, x, y);
+  profile::op(profile::Activity::Ops, 0, [&] { cpu::axpy(alpha, x, y); });
 }
 
 void cast(const Tensor& src, const Tensor& dst) {
@@ -154,7 +157,7 @@ void cast(const Tensor& src, const Tensor& dst) {
     cuda::cast(src, dst);
     return;
   }
-  cpu::cast(src, dst);
+  profile::op(profile::Activity::Ops, 0, [&] { cpu::cast(src, dst); });
 }
 
 Tensor cast(const Tensor& src, DType dtype) {
@@ -167,7 +170,9 @@ Tensor cast(const Tensor& src, DType dtype) {
 double sum_of_squares(const Tensor& x) {
   check_float("sum_of_squares", "x", x);
   if (x.device().is_cuda()) return cuda::sum_of_squares(x);
-  return cpu::sum_of_squares(x);
+  double result{};
+  profile::op(profile::Activity::Ops, 0, [&] { result = cpu::sum_of_squares(x); });
+  return result;
 }
 
 void fill(const Tensor& x, double value) {
@@ -181,7 +186,7 @@ void fill(const Tensor& x, double value) {
     cuda::fill(x, value);
     return;
   }
-  cpu::fill(x, value);
+  profile::op(profile::Activity::Ops, 0, [&] { cpu::fill(x, value); });
 }
 
 }  // namespace st::ops

@@ -12,13 +12,21 @@
 // issues a collective (prefetch, limiter, reduction queue) depends only on
 // that order, never on a Work's completion test: MPI and NCCL require each
 // communicator's collectives to be started in the same order on all its ranks.
+//
+// Profile (core/profile.h): forward() and backward() are the forward and
+// backward phases. A recomputed unit re-runs its forward inside its backward
+// without hooks around it, so its recompute time is taken as the time its
+// forward took (pre_forward's gather done to post_forward), which is moved
+// from backward to recompute when the backward ends.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <unordered_map>
 
 #include "core/ops.h"
+#include "core/profile.h"
 #include "core/watchdog.h"
 #include "fsdp/fsdp.h"
 
@@ -66,6 +74,9 @@ struct FlatParam {
   Tensor full_grad;         // param_dtype [padded] between pre_backward and post_backward
   Work gather_work;         // the in-flight all_gather into `full`
   bool prefetched = false;  // gathered ahead of use; counts against the limiter
+  // Profile only: when this unit's forward compute began, and how long it took.
+  std::chrono::steady_clock::time_point forward_start{};
+  double forward_seconds = 0;
 };
 
 enum class Phase : uint8_t { Idle, Forward, Backward };
@@ -123,6 +134,7 @@ struct ShardedModel::Impl {
   std::deque<PendingReduction> pending;
   // Per unit, what the watchdog reports a hang in: {"forward of unit X", "backward of unit X"}.
   std::vector<std::array<std::string, 2>> activity;
+  double recompute_seconds = 0;  // profile: recomputed units' forward time within this backward
 
   Impl(models::Module& model_, const FsdpConfig& config_, ProcessGroup& world_, int local_size, uint64_t seed,
        Logger& log_, Device device_)
@@ -311,6 +323,7 @@ struct ShardedModel::Impl {
       forward_order.push_back(u);
     }
     ensure_gathered(u);
+    if (profile::current() && phase == Phase::Forward) units[u].forward_start = std::chrono::steady_clock::now();
     // Forward hooks also fire inside backward when a recomputed module holds
     // unit roots; prefetching in forward order there would gather units that
     // backward does not need next.
@@ -321,6 +334,10 @@ struct ShardedModel::Impl {
   }
 
   void post_forward(size_t u) {
+    if (profile::current() && phase == Phase::Forward) {
+      units[u].forward_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - units[u].forward_start).count();
+    }
     if (frees_after_forward(u)) free_unit(u);
   }
 
@@ -332,6 +349,7 @@ struct ShardedModel::Impl {
     }
     ensure_gathered(u);
     FlatParam& unit = units[u];
+    if (unit.plan.module->recompute()) recompute_seconds += unit.forward_seconds;
     unit.full_grad = Tensor::zeros({unit.padded}, param_dtype, device);
     for (size_t i = 0; i < unit.plan.params.size(); ++i) {
       models::Parameter* p = unit.plan.params[i].second;
@@ -535,6 +553,7 @@ class PhaseScope {
 
 Tensor ShardedModel::forward(const Tensor& x) {
   Impl& m = *impl_;
+  const profile::PhaseScope timed(profile::Phase::Forward);
   PhaseScope scope(m.phase, Phase::Forward);
   Tensor y = m.model.forward(x);
   m.forward_order_known = true;  // only a forward that completed defines the order
@@ -544,7 +563,13 @@ Tensor ShardedModel::forward(const Tensor& x) {
 void ShardedModel::backward(const Tensor& dy) {
   Impl& m = *impl_;
   PhaseScope scope(m.phase, Phase::Backward);
-  m.model.backward(dy);
+  m.recompute_seconds = 0;
+  {
+    const profile::PhaseScope timed(profile::Phase::Backward);
+    m.model.backward(dy);
+  }
+  if (profile::Profiler* p = profile::current())
+    p->move_phase_time(profile::Phase::Backward, profile::Phase::Recompute, m.recompute_seconds);
   m.backward_order_known = true;
 }
 

@@ -50,6 +50,9 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
       std::string n = take_value();
       ST_CHECK(is_positive_integer(n), "--steps {}: expected a positive integer", n);
       args.overrides.push_back("train.steps=" + n);
+    } else if (flag == "--profile") {
+      // Sugar for an override, like --steps: the resolved config records it.
+      args.overrides.push_back("logging.profile=true");
     } else if (flag == "--self-check") {
       args.self_check = true;
     } else if (flag == "--list-keys") {
@@ -81,7 +84,7 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
 std::string trainer_usage() {
   std::ostringstream os;
   os << "usage: trainer --config FILE [--set key=value]... [--steps N] [--stop-after N] [--resume auto|never|PATH]\n"
-        "               [--overwrite] [--print-config] [--log-level L]\n"
+        "               [--overwrite] [--profile] [--print-config] [--log-level L]\n"
         "       trainer --config FILE --self-check\n\n"
         "  --config FILE      YAML configuration (see configs/)\n"
         "  --set key=value    override one configuration key; repeatable; e.g. --set fsdp.sharding_strategy=NO_SHARD\n"
@@ -93,6 +96,8 @@ std::string trainer_usage() {
         "                     holds checkpoints) or a checkpoint directory\n"
         "  --overwrite        start fresh in a checkpoint.dir that holds checkpoints, moving them aside into\n"
         "                     checkpoint.dir/overwritten-<time>/ (nothing is deleted)\n"
+        "  --profile          same as --set logging.profile=true: print where each step's time went and a\n"
+        "                     summary table at the end (see the README's \"Reading the step profile\")\n"
         "  --print-config     print the resolved configuration as YAML and exit\n"
         "  --log-level L      debug | info | warn | error (overrides logging.level)\n"
         "  --self-check       check every collective on known inputs and measure bus bandwidth, then exit\n"

@@ -1,7 +1,7 @@
 #pragma once
 // Command line of `trainer`:
 //   trainer --config FILE [--set key=value]... [--steps N] [--stop-after N] [--resume auto|never|PATH]
-//           [--overwrite] [--print-config] [--log-level L]
+//           [--overwrite] [--profile] [--print-config] [--log-level L]
 //   trainer --help | --list-keys
 //   trainer --config FILE --self-check
 #include <string>
@@ -11,7 +11,8 @@ namespace st::launch {
 
 struct TrainerArgs {
   std::string config_path;             // --config FILE (required)
-  std::vector<std::string> overrides;  // --set key=value, in order; --steps N becomes train.steps=N
+  std::vector<std::string> overrides;  // --set key=value, in order; --steps N becomes train.steps=N,
+                                       // --profile logging.profile=true
   bool print_config = false;           // --print-config: print the resolved YAML and exit
   bool help = false;                   // --help / -h
   int64_t stop_after = 0;              // --stop-after N: save and exit 0 after step N (0 = run to the end)

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "core/cpu/parallel.h"
 #include "core/cuda/cuda_runtime.h"
 #include "core/ops.h"
+#include "core/profile.h"
 #include "core/watchdog.h"
 #include "fsdp/fsdp.h"
 #include "launch/checkpointing.h"
@@ -138,6 +141,51 @@ std::unique_ptr<ProcessGroup> device_group(ProcessGroup& world, DeviceKind kind,
   return make_nccl_group(world, device.index);
 }
 
+// --profile (logging.profile): the GEMM peak measured once, a profiler on
+// this thread (the one that runs the model), a line per logged step and the
+// table at the end. Rank 0 prints; every rank measures, so the peak is taken
+// with all ranks of the host busy, as they are in training.
+class RunProfile {
+ public:
+  RunProfile(const Config& config, ProcessGroup& world, Device device, DType compute_dtype, double model_flops_per_step,
+             Logger& log)
+      : log_(log) {
+    if (!config.logging.profile) return;
+    ctx_.rank = world.rank();
+    ctx_.model_flops_step = model_flops_per_step;
+    if (device.is_cpu()) {
+      world.barrier().wait();  // every rank measures at once, as they compute at once
+      constexpr int64_t n = 1024;
+      ctx_.gemm_peak = profile::measure_gemm_peak(compute_dtype, device, n);
+      ctx_.peak_note = format("{}^3 {} through ops::gemm", n, dtype_name(compute_dtype));
+      log.info0("profile: GEMM peak {:.1f} GFLOP/s per rank ({}, {}); model {:.4e} FLOP per step per rank",
+                ctx_.gemm_peak / 1e9, ctx_.peak_note, cpu::gemm_backend(), model_flops_per_step);
+    }
+    profiler_ = std::make_unique<profile::Profiler>();
+    scope_ = std::make_unique<profile::Profiler::Scope>(profiler_.get());
+  }
+
+  void begin(int64_t step) {
+    if (profiler_) profiler_->step_begin(step);
+  }
+  void end(bool print) {
+    if (!profiler_) return;
+    const profile::StepProfile& s = profiler_->step_end();
+    if (print) log_.info0("{}", profile::format_step(s, ctx_));
+  }
+  void summary() const {
+    if (!profiler_ || profiler_->steps().empty()) return;
+    std::istringstream table(profile::format_summary(profiler_->steps(), ctx_));
+    for (std::string line; std::getline(table, line);) log_.info0("{}", line);
+  }
+
+ private:
+  Logger& log_;
+  profile::ReportContext ctx_;
+  std::unique_ptr<profile::Profiler> profiler_;
+  std::unique_ptr<profile::Profiler::Scope> scope_;
+};
+
 }  // namespace
 
 Device resolve_device(DeviceKind kind, int local_rank) {
@@ -219,6 +267,10 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
             accum, tc.micro_batch_size);
   log_config(config, log);
   sharded.log_memory_table(optimizer->state_bytes());
+  RunProfile run_profile(config, world, device, compute_dtype,
+                         flops.flops_per_token * static_cast<double>(tc.seq_len) *
+                             static_cast<double>(tc.global_batch_size) / world.size(),
+                         log);
 
   const models::LossKind loss_kind = model->loss_kind();
   const Shape in_shape = batch_shape(tc.micro_batch_size, model->sample_input_shape(tc.seq_len));
@@ -262,7 +314,9 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   for (int64_t step = first_step; step < last_step; ++step) {
     const auto step_start = Clock::now();
     allocator.reset_peak();
+    run_profile.begin(step + 1);
 
+    std::optional<profile::PhaseScope> data_phase(std::in_place, profile::Phase::Data);
     std::vector<int64_t> mine =
         rank_batch_indices(tc.seed, dataset->size(), consumed, tc.global_batch_size, world.rank(), world.size());
     for (int64_t m = 0; m < accum; ++m) {
@@ -275,6 +329,7 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     }
     const int64_t count = global_loss_count(loss_kind, targets, world);
     const float grad_scale = 1.0f / static_cast<float>(count);
+    data_phase.reset();
 
     sharded.zero_grad();
     double local_loss_sum = 0;
@@ -291,12 +346,14 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
       const Tensor& x = device_inputs[static_cast<size_t>(m)];
       const Tensor& y = device_targets[static_cast<size_t>(m)];
       Tensor out = sharded.forward(x);
+      std::optional<profile::PhaseScope> loss_phase(std::in_place, profile::Phase::Forward);
       // Both losses write their gradient over the output, which backward no
       // longer needs (layers keep their inputs), so nothing is allocated here.
       const ops::LossSum loss = loss_kind == models::LossKind::CrossEntropy
                                     ? ops::cross_entropy(out.view({-1, out.size(-1)}), y.view({-1}), kIgnoreIndex,
                                                          grad_scale, out.view({-1, out.size(-1)}))
                                     : ops::mse(out, y, grad_scale, out);
+      loss_phase.reset();
       sharded.backward(out);
       local_loss_sum += loss.sum;
       if (Watchdog* w = world.watchdog()) w->progress();
@@ -316,12 +373,14 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
 
     // Each rank's gradient is already scaled by 1/count, so the SUM
     // reductions inside the sharded model give the global-batch mean.
+    std::optional<profile::PhaseScope> sync_phase(std::in_place, profile::Phase::GradSync);
     Tensor loss_sum = Tensor::full({1}, local_loss_sum, DType::F32);
     Work loss_work = world.all_reduce(loss_sum);
     sharded.finish_grad_sync();
     loss_work.wait();
     const double loss = loss_sum.data<float>()[0] / static_cast<double>(count);
     const double grad_norm = std::sqrt(sharded.grad_norm_squared());
+    sync_phase.reset();
     // Every rank sees the same loss and norm (both reduced over the world), so all stop together.
     if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
       throw AgreedError(
@@ -333,11 +392,14 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
           __FILE__, __LINE__);
     }
     const double clip = optim::clip_coefficient(grad_norm, config.optim.grad_clip);
-    if (clip < 1.0) {
-      for (const optim::Segment& segment : sharded.segments()) optim::scale_grad(segment, clip);
-    }
     const double lr = optim::learning_rate(config.optim, step, tc.steps);
-    optimizer->step(lr);
+    {
+      const profile::PhaseScope optimizer_phase(profile::Phase::Optimizer);
+      if (clip < 1.0) {
+        for (const optim::Segment& segment : sharded.segments()) optim::scale_grad(segment, clip);
+      }
+      optimizer->step(lr);
+    }
     consumed += tc.global_batch_size;
 
     // The step's GPU work (the optimizer's last kernels) is done before it is timed.
@@ -360,7 +422,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     // MFU per device: this rank's share of the tokens against one device's peak.
     if (device_peak > 0) sm.mfu = mfu(sm.tokens_per_s / world.size(), flops.flops_per_token, device_peak);
     result.peak_bytes = std::max(result.peak_bytes, sm.peak_bytes);
-    if ((step + 1) % config.logging.interval == 0 || step + 1 == last_step) {
+    const bool log_step = (step + 1) % config.logging.interval == 0 || step + 1 == last_step;
+    if (log_step) {
       log.info0("{}", format_step_line(sm));
       metrics.append(sm);
     }
@@ -372,11 +435,14 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
     const int64_t interval = config.checkpoint.interval;
     const bool save_now = (interval > 0 && (step + 1) % interval == 0) || step + 1 == last_step;
     if (!config.checkpoint.dir.empty() && save_now) {
+      const profile::PhaseScope checkpoint_phase(profile::Phase::Checkpoint);
       checkpointer.save(step + 1, consumed);
       last_saved = step + 1;
     }
+    run_profile.end(log_step);
   }
   checkpointer.wait();
+  run_profile.summary();
   if (last_step < tc.steps) {
     log.info0("stopped after step {} of {} ({}){}", last_step, tc.steps,
               terminated ? signal_name(stop_signal) : std::string_view("--stop-after"),

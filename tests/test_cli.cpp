@@ -28,6 +28,14 @@ TEST(TrainerArgs, ParsesConfigOverridesAndSteps) {
   EXPECT_FALSE(a.print_config);
 }
 
+TEST(TrainerArgs, ProfileIsAnOverride) {
+  TrainerArgs a = parse_trainer_args({"--config", "c.yaml", "--steps", "3", "--profile"});
+  ASSERT_EQ(a.overrides.size(), 2u);
+  EXPECT_EQ(a.overrides[1], "logging.profile=true");
+  EXPECT_NE(trainer_usage().find("--profile"), std::string::npos);
+  EXPECT_NE(trainer_usage().find("logging.profile"), std::string::npos);
+}
+
 TEST(TrainerArgs, InlineValues) {
   TrainerArgs a = parse_trainer_args({"--config=x.yaml", "--print-config", "--log-level=debug"});
   EXPECT_EQ(a.config_path, "x.yaml");

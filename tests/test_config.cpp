@@ -535,8 +535,8 @@ TEST(Config, ToYamlRoundTrips) {
 
 TEST(Config, ConfigKeysCoverEveryKeyOnce) {
   const std::vector<ConfigKeyDoc> keys = config_keys();
-  // 12 model + 7 train + 3 data + 11 optim + 11 fsdp + 8 checkpoint + 3 logging.
-  EXPECT_EQ(keys.size(), 57u);
+  // 12 model + 7 train + 3 data + 11 optim + 11 fsdp + 8 checkpoint + 4 logging (+ the rest).
+  EXPECT_EQ(keys.size(), 58u);
   std::set<std::string> names;
   for (const ConfigKeyDoc& k : keys) {
     EXPECT_TRUE(names.insert(k.key).second) << "duplicate " << k.key;
@@ -569,6 +569,8 @@ TEST(Config, ConfigKeysCoverEveryKeyOnce) {
   EXPECT_EQ(find("fsdp.auto_wrap.module_types").type, "list of strings");
   EXPECT_EQ(find("fsdp.auto_wrap.module_types").default_value, "[DecoderLayer]");
   EXPECT_EQ(find("logging.level").type, "debug | info | warn | error");
+  EXPECT_EQ(find("logging.profile").type, "bool");
+  EXPECT_EQ(find("logging.profile").default_value, "false");
   EXPECT_EQ(find("model.name").type, "llama | toy");
 }
 
