@@ -33,8 +33,8 @@
 #   --quick              1 round, 1 warm-up and 1 timed step per run
 #   --models LIST        comma-separated from m8, stories15m [both]
 #   --warmup N           untimed steps per run, ours and peer [2]
-#   --steps-m8 N         timed steps per m8 run [5]
-#   --steps-stories N    timed steps per stories15m run [3]
+#   --steps-m8 N         timed steps per m8 run [4]
+#   --steps-stories N    timed steps per stories15m run [2]
 #   --omp-wait-policy P  default (each side's own: ours passive, torch libgomp's spin), active or passive
 #   --python PY          the Python with torch [/usr/bin/python3]
 #   --out DIR            logs, metrics, results.jsonl, table.md [bench/out/cpu]
@@ -46,8 +46,8 @@ cd "$root" || exit 1
 BUILD=build
 REPEATS=3
 WARMUP=2
-STEPS_M8=5
-STEPS_STORIES=3
+STEPS_M8=4
+STEPS_STORIES=2
 MODELS=m8,stories15m
 OMP_POLICY=default
 PY=/usr/bin/python3
@@ -213,6 +213,10 @@ for ((round = 1; round <= REPEATS; round++)); do
       done
     done
   done
+  if ((round == 1 && REPEATS > 1)); then
+    per_round=$(($(date +%s) - t_begin))
+    echo "round 1 took $per_round s; expect about $((per_round * REPEATS / 60)) min in all"
+  fi
 done
 elapsed=$(($(date +%s) - t_begin))
 
@@ -285,12 +289,19 @@ for dtype in ("f32", "bf16"):
           f"{peak[dtype] and f'{peak[dtype]:.0f}'}")
 backend = next((r["result"][0].get("backend") for r in rows if r["kind"] == "peak-ours" and "result" in r), "?")
 blas = next((r["result"].get("blas") for r in rows if r["kind"] == "peer" and "result" in r), "?")
+# The library file behind libblas.so.3 names the BLAS (openblas-pthread/libopenblasp-r0.3.21.so, or blas/ for
+# the reference implementation).
+blas = next((p for p in blas.split(",") if "openblas" in p.rsplit("/", 1)[-1]), blas.split(",")[0])
+blas = "/".join(blas.split("/")[-2:])
 torch_version = next((r["result"].get("torch") for r in rows if r["kind"] == "peer" and "result" in r), "?")
 rounds = max((r["round"] for r in rows), default=0)
 print()
 print(f"Machine: {machine}, {cores} cores ({isa.strip()}). Commit {commit}. {rounds} round(s), "
       f"{elapsed} s in all.")
 print(f"Ours: {backend}. Peer: torch {torch_version}, BLAS {blas}.")
+if "openblas" not in blas:
+    print("WARNING: the peer's F32 GEMMs did not run in OpenBLAS (apt-get install libopenblas0-pthread); "
+          "its F32 rows say nothing about PyTorch.")
 print("OpenMP wait policy: " + ("each side's default (ours passive, torch libgomp's spin-then-sleep)"
                                 if omp_policy == "default" else f"OMP_WAIT_POLICY={omp_policy.upper()} for both"))
 failed = [r["log"] for r in rows if "failed" in r]
