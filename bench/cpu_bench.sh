@@ -35,6 +35,8 @@
 #   --warmup N           untimed steps per run, ours and peer [2]
 #   --steps-m8 N         timed steps per m8 run [4]
 #   --steps-stories N    timed steps per stories15m run [2]
+#   --ours-set KEY=VALUE one more --set for every trainer run (repeatable), e.g.
+#                        train.micro_batch_size=8 to match the peer's single pass of 8 sequences
 #   --omp-wait-policy P  default (each side's own: ours passive, torch libgomp's spin), active or passive
 #   --python PY          the Python with torch [/usr/bin/python3]
 #   --out DIR            logs, metrics, results.jsonl, table.md [bench/out/cpu]
@@ -54,6 +56,7 @@ PY=/usr/bin/python3
 OUT=bench/out/cpu
 BUILD_FIRST=1
 QUICK=0
+OURS_SET=()
 invocation="bench/cpu_bench.sh $*"
 
 usage() { sed -n '/^# Options/,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -66,6 +69,7 @@ while (($#)); do
     --warmup) WARMUP=$2; shift ;;
     --steps-m8) STEPS_M8=$2; shift ;;
     --steps-stories) STEPS_STORIES=$2; shift ;;
+    --ours-set) OURS_SET+=(--set "$2"); shift ;;
     --omp-wait-policy) OMP_POLICY=$2; shift ;;
     --python) PY=$2; shift ;;
     --out) OUT=$2; shift ;;
@@ -161,7 +165,7 @@ ours() {
   rm -f "$metrics"
   local cmd=("$BUILD/trainer" --config "bench/configs/$model.yaml" --set train.threads=0
     --set "train.steps=$steps" --set "fsdp.mixed_precision.param_dtype=$prec"
-    --set "fsdp.activation_checkpointing.mode=$rc_mode" --set "logging.metrics_file=$metrics")
+    --set "fsdp.activation_checkpointing.mode=$rc_mode" --set "logging.metrics_file=$metrics" "${OURS_SET[@]}")
   ((procs > 1)) && cmd=(scripts/launch -np "$procs" --map-by core --bind-to core "${cmd[@]}")
   echo "  ${cmd[*]}" >"$log"
   "${cmd[@]}" >>"$log" 2>&1

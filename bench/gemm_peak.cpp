@@ -147,11 +147,10 @@ std::string measure(DType dtype, const Args& args) {
   const double best_median = std::min(nn.median_s, nt.median_s);
   const double best_single = std::min(nn.min_s, nt.min_s);
   const std::string name = dtype == DType::F32 ? "f32" : "bf16";
-  return format(
-      R"({{"impl":"shardtrain","dtype":"{}","size":{},"threads":{},"gflops":{:.2f},"gflops_max":{:.2f},)"
-      R"("layouts":{{"nn":{:.2f},"nt":{:.2f}}},"repeats":{},"warmup":{},"backend":"{}"}})",
-      name, n, cpu::cpu_threads(), flops / best_median / 1e9, flops / best_single / 1e9, flops / nn.median_s / 1e9,
-      flops / nt.median_s / 1e9, args.repeats, args.warmup, cpu::gemm_backend());
+  return format(R"({{"impl":"shardtrain","dtype":"{}","size":{},"threads":{},"gflops":{:.2f},"gflops_max":{:.2f},)"
+                R"("layouts":{{"nn":{:.2f},"nt":{:.2f}}},"repeats":{},"warmup":{},"backend":"{}"}})",
+                name, n, cpu::cpu_threads(), flops / best_median / 1e9, flops / best_single / 1e9,
+                flops / nn.median_s / 1e9, flops / nt.median_s / 1e9, args.repeats, args.warmup, cpu::gemm_backend());
 }
 
 int run(const std::vector<std::string>& argv) {
