@@ -35,8 +35,9 @@
 #   --warmup N           untimed steps per run, ours and peer [2]
 #   --steps-m8 N         timed steps per m8 run [4]
 #   --steps-stories N    timed steps per stories15m run [2]
-#   --ours-set KEY=VALUE one more --set for every trainer run (repeatable), e.g.
-#                        train.micro_batch_size=8 to match the peer's single pass of 8 sequences
+#   --ours-set KEY=VALUE one more --set for every trainer run, 1 process and 2 ranks (repeatable),
+#                        e.g. fsdp.forward_prefetch=false
+#   --run-timeout S      stop a run that takes longer than S seconds and record it as failed [900]
 #   --omp-wait-policy P  default (each side's own: ours passive, torch libgomp's spin), active or passive
 #   --python PY          the Python with torch [/usr/bin/python3]
 #   --out DIR            logs, metrics, results.jsonl, table.md [bench/out/cpu]
@@ -57,6 +58,7 @@ OUT=bench/out/cpu
 BUILD_FIRST=1
 QUICK=0
 OURS_SET=()
+RUN_TIMEOUT=900
 invocation="bench/cpu_bench.sh $*"
 
 usage() { sed -n '/^# Options/,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -70,6 +72,7 @@ while (($#)); do
     --steps-m8) STEPS_M8=$2; shift ;;
     --steps-stories) STEPS_STORIES=$2; shift ;;
     --ours-set) OURS_SET+=(--set "$2"); shift ;;
+    --run-timeout) RUN_TIMEOUT=$2; shift ;;
     --omp-wait-policy) OMP_POLICY=$2; shift ;;
     --python) PY=$2; shift ;;
     --out) OUT=$2; shift ;;
@@ -82,7 +85,7 @@ done
 if ((QUICK)); then
   REPEATS=1 WARMUP=1 STEPS_M8=1 STEPS_STORIES=1
 fi
-for n in REPEATS STEPS_M8 STEPS_STORIES; do
+for n in REPEATS STEPS_M8 STEPS_STORIES RUN_TIMEOUT; do
   [[ ${!n} =~ ^[1-9][0-9]*$ ]] || { echo "cpu_bench.sh: $n must be a positive integer, got '${!n}'" >&2; exit 2; }
 done
 [[ $WARMUP =~ ^[0-9]+$ ]] || { echo "cpu_bench.sh: --warmup must be >= 0, got '$WARMUP'" >&2; exit 2; }
@@ -168,7 +171,7 @@ ours() {
     --set "fsdp.activation_checkpointing.mode=$rc_mode" --set "logging.metrics_file=$metrics" "${OURS_SET[@]}")
   ((procs > 1)) && cmd=(scripts/launch -np "$procs" --map-by core --bind-to core "${cmd[@]}")
   echo "  ${cmd[*]}" >"$log"
-  "${cmd[@]}" >>"$log" 2>&1
+  timeout -k 30 "$RUN_TIMEOUT" "${cmd[@]}" >>"$log" 2>&1
   record ours "$log" "$(printf '{"model":"%s","precision":"%s","recompute":"%s","procs":%d,"round":%d,"metrics":"%s"}' \
     "$model" "$prec" "$rc_mode" "$procs" "$round" "$metrics")" $?
 }
@@ -182,16 +185,17 @@ peer() {
     --warmup "$WARMUP" --steps "$(steps_of "$model")")
   [[ $rc_mode == full ]] && cmd+=(--recompute)
   echo "  ${cmd[*]}" >"$log"
-  "${cmd[@]}" >>"$log" 2>&1
+  timeout -k 30 "$RUN_TIMEOUT" "${cmd[@]}" >>"$log" 2>&1
   record peer "$log" "$(printf '{"model":"%s","precision":"%s","recompute":"%s","threads":%d,"round":%d}' \
     "$model" "$prec" "$rc_mode" "$threads" "$round")" $?
 }
 
 peaks() {
   local round=$1
-  "$BUILD/gemm_peak" --threads "$cores" >"$logs/peak-ours-r$round.log" 2>&1
+  timeout -k 30 "$RUN_TIMEOUT" "$BUILD/gemm_peak" --threads "$cores" >"$logs/peak-ours-r$round.log" 2>&1
   record peak-ours "$logs/peak-ours-r$round.log" "{\"round\":$round}" $?
-  "$PY" bench/torch_llama_cpu.py --gemm-peak --threads "$cores" >"$logs/peak-peer-r$round.log" 2>&1
+  timeout -k 30 "$RUN_TIMEOUT" "$PY" bench/torch_llama_cpu.py --gemm-peak --threads "$cores" \
+    >"$logs/peak-peer-r$round.log" 2>&1
   record peak-peer "$logs/peak-peer-r$round.log" "{\"round\":$round}" $?
 }
 
