@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "core/comm.h"
+#include "core/cpu/parallel.h"
 #include "tests/mpi_env.h"
 #include "tests/test_util.h"
 
@@ -64,9 +65,15 @@ CommRuntime& runtime() {
 }  // namespace st::test
 
 int main(int argc, char** argv) {
+  // As the trainer does: OpenMP threads sleep while they wait, and each rank
+  // takes its share of the host's cores. CTest starts up to 4 ranks on a
+  // 2-core machine; with libgomp's spin and 2 threads per rank, test_fsdp at
+  // 4 ranks took minutes instead of seconds.
+  st::cpu::use_short_openmp_spin(argv);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = -1;
   try {
+    st::cpu::set_cpu_threads(st::cpu::auto_cpu_threads(st::detect_world().local_size));
     // MPI even at one rank, so np1 exercises the same backend as np4.
     st::CommRuntime runtime(st::CommBackend::Mpi);
     st::ProcessGroup& world = runtime.world();
