@@ -288,6 +288,27 @@ TEST(TensorAllocation, AllocatorStatsTrackCurrentAndPeak) {
   EXPECT_EQ(alloc.stats().current_bytes, after.current_bytes);
 }
 
+TEST(TensorAllocation, ALargeBlockFreedIsReusedForTheSameSize) {
+  // A training step repeats its allocations: the second one of a size gets
+  // the block the first gave back (no fresh pages), and the counters still
+  // describe tensors only.
+  st::Allocator& alloc = st::cpu_allocator();
+  const int64_t before = alloc.stats().current_bytes;
+  const void* first = nullptr;
+  {
+    Tensor a = Tensor::empty({1 << 18}, DType::F32);  // 1 MiB
+    first = a.raw_data();
+  }
+  EXPECT_EQ(alloc.stats().current_bytes, before);
+  Tensor b = Tensor::empty({1 << 18}, DType::F32);
+  EXPECT_EQ(b.raw_data(), first);
+  EXPECT_EQ(alloc.stats().current_bytes, before + (1 << 20));
+  // Another size never gets that block while it is in use, nor a smaller one.
+  Tensor c = Tensor::empty({(1 << 18) + 16}, DType::F32);
+  EXPECT_NE(c.raw_data(), first);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(c.raw_data()) % st::kCpuAlignment, 0u);
+}
+
 TEST(TensorAllocation, StorageOutlivesTheTensorThatMadeIt) {
   const int64_t before = st::cpu_allocator().stats().current_bytes;
   Tensor slice;
