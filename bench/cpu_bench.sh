@@ -38,7 +38,7 @@
 #   --ours-set KEY=VALUE one more --set for every trainer run, 1 process and 2 ranks (repeatable),
 #                        e.g. fsdp.forward_prefetch=false
 #   --run-timeout S      stop a run that takes longer than S seconds and record it as failed [900]
-#   --omp-wait-policy P  default (each side's own: ours passive, torch libgomp's spin), active or passive
+#   --omp-wait-policy P  default (each side's own: ours a 2000-round spin, torch libgomp's long spin), active or passive
 #   --python PY          the Python with torch [/usr/bin/python3]
 #   --out DIR            logs, metrics, results.jsonl, table.md [bench/out/cpu]
 set -uo pipefail  # no -e: a failed run is recorded as such and the next one runs
@@ -310,7 +310,7 @@ print(f"Ours: {backend}. Peer: torch {torch_version}, BLAS {blas}.")
 if "openblas" not in blas:
     print("WARNING: the peer's F32 GEMMs did not run in OpenBLAS (apt-get install libopenblas0-pthread); "
           "its F32 rows say nothing about PyTorch.")
-print("OpenMP wait policy: " + ("each side's default (ours passive, torch libgomp's spin-then-sleep)"
+print("OpenMP wait policy: " + ("each side's default (ours GOMP_SPINCOUNT=2000, torch libgomp's 300,000-round spin, then sleep)"
                                 if omp_policy == "default" else f"OMP_WAIT_POLICY={omp_policy.upper()} for both"))
 failed = [r["log"] for r in rows if "failed" in r]
 if failed:

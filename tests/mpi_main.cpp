@@ -65,8 +65,8 @@ CommRuntime& runtime() {
 }  // namespace st::test
 
 int main(int argc, char** argv) {
-  // As the trainer does: OpenMP threads sleep while they wait, and each rank
-  // takes its share of the host's cores. CTest starts up to 4 ranks on a
+  // As the trainer does: OpenMP threads spin only briefly while they wait, and
+  // each rank takes its share of the host's cores. CTest starts up to 4 ranks on a
   // 2-core machine; with libgomp's spin and 2 threads per rank, test_fsdp at
   // 4 ranks took minutes instead of seconds.
   st::cpu::use_short_openmp_spin(argv);
