@@ -66,7 +66,8 @@ class AdamW final : public Optimizer {
     const Device device = segment.param.device();
     Tensor exp_avg = Tensor::zeros({n}, DType::F32, device);
     Tensor exp_avg_sq = Tensor::zeros({n}, DType::F32, device);
-    slots_.push_back({std::move(segment), std::move(exp_avg), std::move(exp_avg_sq)});
+    std::vector<RangeBlock> blocks = range_blocks(segment, kBlockElems);
+    slots_.push_back({std::move(segment), std::move(exp_avg), std::move(exp_avg_sq), std::move(blocks)});
     return slots_.size() - 1;
   }
 
@@ -97,15 +98,17 @@ class AdamW final : public Optimizer {
       const float* g = slot.segment.grad.data<float>();
       float* m = slot.exp_avg.data<float>();
       float* v = slot.exp_avg_sq.data<float>();
-      for (const ParamRange& r : slot.segment.ranges) {
-        // Multiplying by exactly 1 is what torch does for a group with weight_decay 0.
-        s.decay = r.weight_decay ? decay : 1.0f;
-        const int64_t o = r.offset;
-        // Elements are independent: blocks may run on any thread.
-        cpu::parallel_for(r.numel, kBlockElems, [&](int64_t begin, int64_t end) {
-          adamw_kernel(p + o + begin, g + o + begin, m + o + begin, v + o + begin, end - begin, s);
-        });
-      }
+      // Elements are independent: blocks may run on any thread.
+      cpu::parallel_for(static_cast<int64_t>(slot.blocks.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          const RangeBlock& blk = slot.blocks[static_cast<size_t>(b)];
+          AdamWScalars sb = s;
+          // Multiplying by exactly 1 is what torch does for a group with weight_decay 0.
+          sb.decay = blk.weight_decay ? decay : 1.0f;
+          const int64_t o = blk.begin;
+          adamw_kernel(p + o, g + o, m + o, v + o, blk.end - blk.begin, sb);
+        }
+      });
     }
   }
 
@@ -123,8 +126,9 @@ class AdamW final : public Optimizer {
  private:
   struct Slot {
     Segment segment;
-    Tensor exp_avg;     // F32 [n], zero outside ranges
-    Tensor exp_avg_sq;  // F32 [n], zero outside ranges
+    Tensor exp_avg;                  // F32 [n], zero outside ranges
+    Tensor exp_avg_sq;               // F32 [n], zero outside ranges
+    std::vector<RangeBlock> blocks;  // the ranges cut for the CPU loop, made once
   };
 
   double beta1_, beta2_, eps_, weight_decay_;

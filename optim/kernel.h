@@ -11,8 +11,10 @@
 // such products in separate statements. On x86-64 the kernel is compiled
 // twice (with and without the FMA instruction set) and the loader picks one:
 // both round identically, the FMA one just runs without a libm call per fma.
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "optim/optimizer.h"
@@ -35,6 +37,17 @@ std::string segment_name(const Segment& segment);
 void validate_segment(const Segment& segment);
 /// Throws unless `lr` is finite and >= 0.
 void validate_lr(double lr);
+
+/// [begin, end) of a segment: one piece of one parameter range.
+struct RangeBlock {
+  int64_t begin = 0, end = 0;
+  bool weight_decay = false;
+};
+/// The ranges of `segment` cut into pieces of at most `block` elements, in
+/// segment order. One parallel loop over them covers the whole segment (one
+/// thread wake-up per segment instead of one per parameter), and the cuts
+/// depend on the ranges alone, never on the thread count.
+std::vector<RangeBlock> range_blocks(const Segment& segment, int64_t block);
 
 std::unique_ptr<Optimizer> make_adamw(const OptimConfig& config);
 std::unique_ptr<Optimizer> make_sgd(const OptimConfig& config);

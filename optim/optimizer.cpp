@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "core/cpu/parallel.h"
 #include "core/cuda/ops_cuda.h"
 #include "core/error.h"
 #include "core/format.h"
@@ -64,6 +66,15 @@ void validate_segment(const Segment& segment) {
   }
 }
 
+std::vector<RangeBlock> range_blocks(const Segment& segment, int64_t block) {
+  std::vector<RangeBlock> blocks;
+  for (const ParamRange& r : segment.ranges) {
+    for (int64_t b = r.offset; b < r.offset + r.numel; b += block)
+      blocks.push_back({b, std::min(b + block, r.offset + r.numel), r.weight_decay});
+  }
+  return blocks;
+}
+
 void validate_lr(double lr) {
   ST_CHECK(std::isfinite(lr) && lr >= 0, "optimizer step: learning rate must be a finite number >= 0, got {}", lr);
 }
@@ -100,17 +111,50 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config) {
   ST_FAIL("optim.name: unknown optimizer kind {}", static_cast<int>(config.name));
 }
 
+namespace {
+
+// Elements per block of the CPU norm and scale loops.
+constexpr int64_t kClipBlock = 32768;
+
+// Sum of g[i]^2 in double over 8 interleaved partial sums (independent adds,
+// which vectorise), added in a fixed tree: the order depends on n alone.
+double block_sum_of_squares(const float* g, int64_t n) {
+  constexpr int kLanes = 8;
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma omp simd
+    for (int j = 0; j < kLanes; ++j) {
+      const double x = g[i + j];
+      acc[j] += x * x;
+    }
+  }
+  double tail = 0.0;
+  for (; i < n; ++i) {
+    const double x = g[i];
+    tail += x * x;
+  }
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + tail;
+}
+
+}  // namespace
+
 double grad_sum_of_squares(const Segment& segment) {
   detail::validate_segment(segment);
   if (segment.grad.device().is_cuda()) return cuda::masked_sum_of_squares(segment.grad, segment.device_ranges);
   const float* g = segment.grad.data<float>();
-  double sum = 0.0;
-  for (const ParamRange& r : segment.ranges) {
-    for (int64_t i = r.offset; i < r.offset + r.numel; ++i) {
-      const double x = g[i];
-      sum += x * x;
+  // Blocks are summed in parallel and their sums added in block order, so the
+  // result does not depend on the thread count.
+  const std::vector<detail::RangeBlock> blocks = detail::range_blocks(segment, kClipBlock);
+  std::vector<double> partial(blocks.size());
+  cpu::parallel_for(static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const detail::RangeBlock& blk = blocks[static_cast<size_t>(b)];
+      partial[static_cast<size_t>(b)] = block_sum_of_squares(g + blk.begin, blk.end - blk.begin);
     }
-  }
+  });
+  double sum = 0.0;
+  for (const double p : partial) sum += p;
   return sum;
 }
 
@@ -132,9 +176,14 @@ void scale_grad(const Segment& segment, double coefficient) {
     return;
   }
   float* g = segment.grad.data<float>();
-  for (const ParamRange& r : segment.ranges) {
-    for (int64_t i = r.offset; i < r.offset + r.numel; ++i) g[i] *= c;
-  }
+  const std::vector<detail::RangeBlock> blocks = detail::range_blocks(segment, kClipBlock);
+  cpu::parallel_for(static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const detail::RangeBlock& blk = blocks[static_cast<size_t>(b)];
+#pragma omp simd
+      for (int64_t i = blk.begin; i < blk.end; ++i) g[i] *= c;
+    }
+  });
 }
 
 }  // namespace st::optim

@@ -55,7 +55,8 @@ class Sgd final : public Optimizer {
              "train.device: cpu",
              segment_name(segment), segment.param.device());
     Tensor buffer = Tensor::zeros({segment.param.numel()}, DType::F32);
-    slots_.push_back({std::move(segment), std::move(buffer)});
+    std::vector<RangeBlock> blocks = range_blocks(segment, kBlockElems);
+    slots_.push_back({std::move(segment), std::move(buffer), std::move(blocks)});
     return slots_.size() - 1;
   }
 
@@ -72,14 +73,15 @@ class Sgd final : public Optimizer {
       float* p = slot.segment.param.data<float>();
       const float* g = slot.segment.grad.data<float>();
       float* buf = slot.momentum_buffer.data<float>();
-      for (const ParamRange& r : slot.segment.ranges) {
-        const int64_t o = r.offset;
-        const float wd = r.weight_decay ? decay : 0.0f;
-        // Elements are independent: blocks may run on any thread.
-        cpu::parallel_for(r.numel, kBlockElems, [&](int64_t begin, int64_t end) {
-          sgd_kernel(p + o + begin, g + o + begin, buf + o + begin, end - begin, wd, momentum, neg_lr, init);
-        });
-      }
+      // Elements are independent: blocks may run on any thread.
+      cpu::parallel_for(static_cast<int64_t>(slot.blocks.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          const RangeBlock& blk = slot.blocks[static_cast<size_t>(b)];
+          const int64_t o = blk.begin;
+          const float wd = blk.weight_decay ? decay : 0.0f;
+          sgd_kernel(p + o, g + o, buf + o, blk.end - blk.begin, wd, momentum, neg_lr, init);
+        }
+      });
     }
   }
 
@@ -97,7 +99,8 @@ class Sgd final : public Optimizer {
  private:
   struct Slot {
     Segment segment;
-    Tensor momentum_buffer;  // F32 [n], zero outside ranges
+    Tensor momentum_buffer;          // F32 [n], zero outside ranges
+    std::vector<RangeBlock> blocks;  // the ranges cut for the CPU loop, made once
   };
 
   double momentum_, weight_decay_;

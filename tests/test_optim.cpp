@@ -604,5 +604,36 @@ TEST(Optimizers, ResultsDoNotDependOnThreadCount) {
   st::cpu::set_cpu_threads(saved);
 }
 
+// The norm's blocks are summed in parallel and added in block order: the same
+// double for every thread count, and the clip scales every element alike.
+TEST(Clip, NormAndScaleDoNotDependOnThreadCount) {
+  const int64_t n = 100000;
+  const std::vector<ParamRange> ranges = {{"model.embed_tokens.weight", 3, 70000, true},
+                                          {"model.norm.weight", 70003, 29990, false}};
+  const int saved = st::cpu::cpu_threads();
+  std::vector<double> sums;
+  std::vector<std::vector<uint32_t>> scaled;  // bits: the padding is a NaN sentinel
+  double expected = 0;
+  for (const ParamRange& r : ranges)
+    for (int64_t i = r.offset; i < r.offset + r.numel; ++i) expected += double{grad_value(i, 2)} * grad_value(i, 2);
+  for (int threads : {1, 2, 3}) {
+    st::cpu::set_cpu_threads(threads);
+    Segment s = make_segment(ranges, n);
+    fill_grad(s, 2);
+    sums.push_back(grad_sum_of_squares(s));
+    scale_grad(s, 0.25);
+    std::vector<uint32_t> bits;
+    for (float v : s.grad.to_floats()) bits.push_back(std::bit_cast<uint32_t>(v));
+    scaled.push_back(std::move(bits));
+    expect_padding_untouched(s);
+  }
+  st::cpu::set_cpu_threads(saved);
+  EXPECT_NEAR(sums[0], expected, 1e-12 * expected);
+  EXPECT_EQ(sums[0], sums[1]);
+  EXPECT_EQ(sums[0], sums[2]);
+  EXPECT_TRUE(scaled[0] == scaled[1]);
+  EXPECT_TRUE(scaled[0] == scaled[2]);
+}
+
 }  // namespace
 }  // namespace st::optim
