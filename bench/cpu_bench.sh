@@ -16,6 +16,8 @@
 # shows the median of the runs and [min-max] over the runs.
 #
 #   ours, 1 process   build/trainer --config C --set train.threads=0 (all cores of the host)
+#   ours, 1 thread    the same with --set train.threads=1: the single-threaded speed the 1-process
+#                     row is compared with (issue 12: one process >= 1.7x its single-threaded speed)
 #   ours, 2 ranks     scripts/launch -np 2 --map-by core --bind-to core build/trainer ... (1 core, 1 thread each)
 #                     tokens/s from logging.metrics_file (JSON lines, one per step), first --warmup steps dropped
 #   peer, 1 process   torch_llama_cpu.py --threads <cores>, micro-batch = global batch
@@ -159,21 +161,21 @@ EOF
   if [[ $rc -ne 0 ]]; then echo "    FAILED (exit $rc): $log" >&2; tail -3 "$log" >&2; fi
 }
 
-# ours MODEL PRECISION RECOMPUTE PROCS ROUND
+# ours MODEL PRECISION RECOMPUTE PROCS ROUND [THREADS]  (THREADS: train.threads, 0 = all the rank's cores)
 ours() {
-  local model=$1 prec=$2 rc_mode=$3 procs=$4 round=$5
-  local tag="ours-$model-$prec-$rc_mode-np$procs-r$round"
+  local model=$1 prec=$2 rc_mode=$3 procs=$4 round=$5 threads=${6:-0}
+  local tag="ours-$model-$prec-$rc_mode-np$procs-t$threads-r$round"
   local metrics="$logs/$tag.metrics.jsonl" log="$logs/$tag.log" steps
   steps=$((WARMUP + $(steps_of "$model")))
   rm -f "$metrics"
-  local cmd=("$BUILD/trainer" --config "bench/configs/$model.yaml" --set train.threads=0
+  local cmd=("$BUILD/trainer" --config "bench/configs/$model.yaml" --set "train.threads=$threads"
     --set "train.steps=$steps" --set "fsdp.mixed_precision.param_dtype=$prec"
     --set "fsdp.activation_checkpointing.mode=$rc_mode" --set "logging.metrics_file=$metrics" "${OURS_SET[@]}")
   ((procs > 1)) && cmd=(scripts/launch -np "$procs" --map-by core --bind-to core "${cmd[@]}")
   echo "  ${cmd[*]}" >"$log"
   timeout -k 30 "$RUN_TIMEOUT" "${cmd[@]}" >>"$log" 2>&1
-  record ours "$log" "$(printf '{"model":"%s","precision":"%s","recompute":"%s","procs":%d,"round":%d,"metrics":"%s"}' \
-    "$model" "$prec" "$rc_mode" "$procs" "$round" "$metrics")" $?
+  record ours "$log" "$(printf '{"model":"%s","precision":"%s","recompute":"%s","procs":%d,"threads":%d,"round":%d,"metrics":"%s"}' \
+    "$model" "$prec" "$rc_mode" "$procs" "$threads" "$round" "$metrics")" $?
 }
 
 # peer MODEL PRECISION RECOMPUTE THREADS ROUND
@@ -216,6 +218,7 @@ for ((round = 1; round <= REPEATS; round++)); do
       for rc_mode in none full; do
         echo "  $model $prec recompute=$rc_mode"
         ours "$model" "$prec" "$rc_mode" 1 "$round"
+        ((cores > 1)) && ours "$model" "$prec" "$rc_mode" 1 "$round" 1
         for t in "${peer_threads[@]}"; do peer "$model" "$prec" "$rc_mode" "$t" "$round"; done
         ours "$model" "$prec" "$rc_mode" 2 "$round"
       done
@@ -279,14 +282,32 @@ for model in models:
         for rc in ("none", "full"):
             for procs in (1, 2):
                 key = lambda r: r["model"] == model and r["precision"] == prec and r["recompute"] == rc
-                ours = spread([r["tokens_per_s"] for r in rows
-                               if r["kind"] == "ours" and key(r) and r["procs"] == procs and "tokens_per_s" in r])
+                ours = spread([r["tokens_per_s"] for r in rows if r["kind"] == "ours" and key(r) and r["procs"] == procs
+                               and r.get("threads", 0) == 0 and "tokens_per_s" in r])
                 threads = cores if procs == 1 else 2
                 peer = spread([r["result"]["tokens_per_s"] for r in rows
                                if r["kind"] == "peer" and key(r) and r["threads"] == threads and "result" in r])
                 ratio = f"{ours[0] / peer[0]:.2f}x" if ours and peer else "n/a"
                 print(f"| {model} | {prec} | {rc} | {procs} | {fmt(ours)} | {fmt(peer)} | {ratio} "
                       f"| {pct(ours and ours[0], model, prec)} | {pct(peer and peer[0], model, prec)} |")
+
+print()
+print(f"One process, all {cores} cores (train.threads=0) against one thread (train.threads=1), ours:")
+print()
+print("| model | precision | recompute | 1 thread tok/s | all cores tok/s | speed-up |")
+print("|---|---|---|--:|--:|--:|")
+for model in models:
+    for prec in ("f32", "bf16"):
+        for rc in ("none", "full"):
+            def ours_at(threads):
+                return spread([r["tokens_per_s"] for r in rows if r["kind"] == "ours" and r["model"] == model
+                               and r["precision"] == prec and r["recompute"] == rc and r["procs"] == 1
+                               and r.get("threads", 0) == threads and "tokens_per_s" in r])
+            one, every = ours_at(1), ours_at(0)
+            if one is None and every is None:
+                continue
+            up = f"{every[0] / one[0]:.2f}x" if one and every else "n/a"
+            print(f"| {model} | {prec} | {rc} | {fmt(one)} | {fmt(every)} | {up} |")
 
 print()
 print("GEMM peak, 2048^3 at %d threads, GFLOP/s (median over rounds; C is F32 for ours, the operand dtype for "
