@@ -72,13 +72,11 @@ json read_json_file(const std::string& path) {
 }
 
 // Tells every rank of `group` whether any rank failed (`error` non-empty), so a
-// failure cannot leave the other ranks waiting in a later collective.
+// failure cannot leave the other ranks waiting in a later collective: every
+// rank throws the same AgreedError, naming the lowest failing rank's error,
+// which main() prints once.
 void agree_on_errors(ProcessGroup& group, const std::string& what, const std::string& error) {
-  Tensor flag = Tensor::from_vector(std::vector<int32_t>{error.empty() ? 0 : 1}, {1});
-  group.all_reduce(flag, {.op = ReduceOp::Max}).wait();
-  ST_CHECK(error.empty(), "checkpoint save: {} failed on rank {}: {}", what, group.rank(), error);
-  ST_CHECK(flag.data<int32_t>()[0] == 0, "checkpoint save: {} failed on another rank (this is rank {})", what,
-           group.rank());
+  run_on_every_rank(group, [&] { ST_CHECK(error.empty(), "checkpoint save: {} failed: {}", what, error); });
 }
 
 template <class F>

@@ -104,10 +104,12 @@ std::string resolve_checkpoint_dir(const std::string& path, Logger& log) {
 
 // A checkpoint that does not fit this run (other model shape, finished run).
 // Unlike a damaged one it is never a reason to fall back to an older checkpoint:
-// those would not fit either, or would silently undo the user's choice.
-class Misfit : public Error {
+// those would not fit either, or would silently undo the user's choice. Every
+// rank judges the fit on the same files and the whole model's entries, so
+// every rank raises the same Misfit: an agreed error, printed once.
+class Misfit : public AgreedError {
  public:
-  using Error::Error;
+  using AgreedError::AgreedError;
 };
 
 [[noreturn]] void throw_misfit(const std::string& message) { throw Misfit(message, __FILE__, __LINE__); }
@@ -372,8 +374,11 @@ void Checkpointer::finish_in_flight() {
     files = f->staged->finish();
   } catch (const Error& e) {
     // Destroying `f` removes the temporary directory; `latest` never moved.
-    ST_FAIL("checkpoint of step {} was not committed ({}): {}", f->step, latest_note(config_.checkpoint.dir),
-            e.message());
+    const std::string message = format("checkpoint of step {} was not committed ({}): {}", f->step,
+                                       latest_note(config_.checkpoint.dir), e.message());
+    // The savers agree on their errors: then every rank holds this one message, printed once.
+    if (dynamic_cast<const AgreedError*>(&e) != nullptr) throw AgreedError(message, __FILE__, __LINE__);
+    throw Error(message, __FILE__, __LINE__);
   }
   run_on_every_rank(world_, [&] {
     if (world_.rank() != 0) return;

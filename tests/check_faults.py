@@ -131,6 +131,10 @@ def check_nonfinite(trainer, ckpt_tool, tmp):
                sets(logging__metrics_file=metrics), expect_ok=False)
     expect(proc, 1, "checkpoint of step 11 was not committed (latest still names step-000010)",
            f"non-finite values in tensor '{key}'", what="save of non-finite state")
+    # Found on the rank that holds the tensor, agreed by both: one line, naming the tensor.
+    errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    if len(errors) != 1 or key not in errors[0]:
+        fail(f"the refused save should print one error line naming '{key}', printed {errors}")
     step11 = loss_by_step(metrics)
     if 11 not in step11 or not step11[11] < 1e30:
         fail(f"step 11 should have trained with a finite loss first: {step11}")

@@ -18,14 +18,16 @@ CHECK is one of:
                toy's samples/s, kB-sized memory figures, the resume line saying
                why it reads fewer bytes than were saved, the resolved config at
                debug level only, and --resume PATH without checkpoint.dir warned
-  errors-once  a bad key at 4 ranks prints exactly one error line; so does a
-               checkpoint error shared over the ranks
+  errors-once  a bad key at 4 ranks prints exactly one error line; so do an
+               unusable checkpoint.dir, a checkpoint that does not fit and a
+               finished run; a failed job through scripts/launch ends promptly
 Each check prints what it observed; a failure exits 1.
 """
 import hashlib
 import os
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_training import expect, fail, mpirun, run, sets  # noqa: E402
@@ -165,6 +167,34 @@ def check_errors_once(trainer, tmp):
     if proc.returncode == 0 or len(errors) != 1 or "checkpoint.dir" not in errors[0]:
         fail(f"a shared checkpoint.dir error at 4 ranks should print one line, printed {errors}")
     print(f"errors-once: 4 ranks, unusable checkpoint.dir: one line: {errors[0][:120]}")
+
+    # Checkpoint errors every rank reaches alike: a checkpoint that does not fit the model, a finished run.
+    # (A save refused for non-finite state, found on one rank and agreed by all, is fault_nonfinite's.)
+    ckpt = os.path.join(tmp, "ckpt")
+    run(mpirun(4) + [trainer, "--config", TINY, "--steps", "10"] + sets(checkpoint__dir=ckpt))
+
+    def one_error(cmd, want, what, launcher=False):
+        proc = run(cmd, expect_ok=False)
+        errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "error:" in ln]
+        if proc.returncode == 0 or len(errors) != 1 or want not in errors[0]:
+            sys.stderr.write(proc.stderr[-3000:])
+            fail(f"{what} at 4 ranks should print one error line with '{want}' and exit non-zero; "
+                 f"exit {proc.returncode}, {len(errors)} line(s): {errors}")
+        print(f"errors-once: 4 ranks, {what}: exit {proc.returncode}, one line: {errors[0][:150]}")
+
+    one_error(mpirun(4) + [trainer, "--config", TINY] + sets(checkpoint__dir=ckpt, model__num_hidden_layers=1),
+              "does not fit this run", "a 2-layer checkpoint into a 1-layer model")
+    one_error(mpirun(4) + [trainer, "--config", TINY, "--steps", "10"] + sets(checkpoint__dir=ckpt),
+              "this run is finished", "a finished run")
+    # Through scripts/launch, whose long odls_base_sigkill_timeout must not keep a failed job waiting: the
+    # bound is a hang check (mpirun would otherwise wait 2 x 120 s), far above the seconds a failure takes.
+    launch = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "launch"),
+              "-np", "4"]
+    t0 = time.time()
+    one_error(launch + [trainer, "--config", TINY] + sets(fsdp__sharding_stratgy="NO_SHARD"),
+              "unknown key 'fsdp.sharding_stratgy'", "a bad key through scripts/launch")
+    if time.time() - t0 > 60:
+        fail(f"scripts/launch took {time.time() - t0:.0f} s to end a failed job")
 
 
 def main():

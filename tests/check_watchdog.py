@@ -47,9 +47,9 @@ def rank_pids(tag):
     return out
 
 
-def run_and_stop(trainer, tmp, victim):
+def run_and_stop(trainer, tmp, victim, launcher=None):
     metrics = os.path.join(tmp, f"stop-{victim}.jsonl")
-    cmd = mpirun(4) + [trainer, "--config", TINY, "--steps", "1000000", "--set", "comm.timeout_s=5",
+    cmd = (launcher or mpirun(4)) + [trainer, "--config", TINY, "--steps", "1000000", "--set", "comm.timeout_s=5",
                        "--set", "logging.interval=1000", "--set", f"logging.metrics_file={metrics}",
                        "--set", "logging.interval=1"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -78,11 +78,11 @@ def watchdog_lines(text):
     return [ln for ln in text.splitlines() if "watchdog" in ln and "ERROR" in ln]
 
 
-def check_stop_rank(trainer, tmp):
-    code, text, secs = run_and_stop(trainer, tmp, 2)
+def check_stop_rank(trainer, tmp, launcher=None):
+    code, text, secs = run_and_stop(trainer, tmp, 2, launcher)
     lines = watchdog_lines(text)
     root = [ln for ln in lines if ln.startswith("[0/4]")]
-    print(f"stop-rank: exit {code} {secs:.1f} s after SIGSTOP of rank 2")
+    print(f"stop-rank{' (scripts/launch)' if launcher else ''}: exit {code} {secs:.1f} s after SIGSTOP of rank 2")
     for ln in lines:
         print(f"  {ln[:300]}")
     want = ("made no progress for", "of unit", "ranks that have not arrived: 2 (no heartbeat")
@@ -117,7 +117,10 @@ def check_no_alarm(trainer, tmp):
 def main():
     trainer, check = os.path.abspath(sys.argv[1]), sys.argv[2]
     with tempfile.TemporaryDirectory() as tmp:
-        {"stop-rank": check_stop_rank, "stop-root": check_stop_root, "no-alarm": check_no_alarm}[check](trainer, tmp)
+        # Through scripts/launch too: its long odls_base_sigkill_timeout must not hold the aborted job.
+        launched = [os.path.join(ROOT, "scripts", "launch"), "-np", "4"]
+        {"stop-rank": check_stop_rank, "stop-root": check_stop_root, "no-alarm": check_no_alarm,
+         "stop-rank-launch": lambda t, d: check_stop_rank(t, d, launched)}[check](trainer, tmp)
 
 
 if __name__ == "__main__":
