@@ -245,12 +245,16 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   log.debug("data: this rank's share of the tokens checked against model.vocab_size in {:.3f} s", scan_seconds);
   MetricsFile metrics(world.rank() == 0 ? config.logging.metrics_file : std::string());
 
-  log.info0("model {}: {} parameters ({:.2f} M)", config.model.name, n_params, n_params / 1e6);
+  const double n = static_cast<double>(n_params);
+  log.info0("model {}: {} parameters{}", config.model.name, n_params,
+            n >= 1e6 ? format(" ({:.2f} M)", n / 1e6) : (n >= 1e3 ? format(" ({:.1f} k)", n / 1e3) : std::string()));
+  const bool counts_tokens = model->loss_kind() == models::LossKind::CrossEntropy;
   const ModelFlops flops = model_flops(config.model, tc.seq_len);
   const DType compute_dtype = config.fsdp.mixed_precision.param_dtype == PrecisionKind::BF16 ? DType::BF16 : DType::F32;
   const double device_peak = device.is_cuda() ? peak_flops(cuda::device_name(device.index), compute_dtype) : 0.0;
-  log.info0("model FLOPs: {:.4g} per token for training at seq_len {} ({} matmul parameters); device peak {}",
-            flops.flops_per_token, tc.seq_len, flops.matmul_params,
+  log.info0("model FLOPs: {:.4g} per {} for training{} ({} matmul parameters); device peak {}",
+            flops.flops_per_token, counts_tokens ? "token" : "sample",
+            counts_tokens ? format(" at seq_len {}", tc.seq_len) : std::string(), flops.matmul_params,
             device_peak > 0 ? format("{:.0f} TFLOP/s {}", device_peak / 1e12, dtype_name(compute_dtype))
                             : std::string(device.is_cuda() ? "unknown for this GPU, so MFU n/a" : "n/a on the CPU"));
   log.info0("data: {}", dataset->describe());
