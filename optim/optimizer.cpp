@@ -10,6 +10,7 @@
 #include "core/cuda/ops_cuda.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/ops.h"
 #include "optim/kernel.h"
 
 namespace st::optim {
@@ -113,48 +114,18 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config) {
 
 namespace {
 
-// Elements per block of the CPU norm and scale loops.
+// Elements per block of the CPU scale loop.
 constexpr int64_t kClipBlock = 32768;
-
-// Sum of g[i]^2 in double over 8 interleaved partial sums (independent adds,
-// which vectorise), added in a fixed tree: the order depends on n alone.
-double block_sum_of_squares(const float* g, int64_t n) {
-  constexpr int kLanes = 8;
-  double acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-#pragma omp simd
-    for (int j = 0; j < kLanes; ++j) {
-      const double x = g[i + j];
-      acc[j] += x * x;
-    }
-  }
-  double tail = 0.0;
-  for (; i < n; ++i) {
-    const double x = g[i];
-    tail += x * x;
-  }
-  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + tail;
-}
 
 }  // namespace
 
 double grad_sum_of_squares(const Segment& segment) {
   detail::validate_segment(segment);
   if (segment.grad.device().is_cuda()) return cuda::masked_sum_of_squares(segment.grad, segment.device_ranges);
-  const float* g = segment.grad.data<float>();
-  // Blocks are summed in parallel and their sums added in block order, so the
-  // result does not depend on the thread count.
-  const std::vector<detail::RangeBlock> blocks = detail::range_blocks(segment, kClipBlock);
-  std::vector<double> partial(blocks.size());
-  cpu::parallel_for(static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const detail::RangeBlock& blk = blocks[static_cast<size_t>(b)];
-      partial[static_cast<size_t>(b)] = block_sum_of_squares(g + blk.begin, blk.end - blk.begin);
-    }
-  });
+  // Each range through the op (parallel blocks summed in a fixed order), the
+  // ranges in segment order: the result does not depend on the thread count.
   double sum = 0.0;
-  for (const double p : partial) sum += p;
+  for (const ParamRange& r : segment.ranges) sum += ops::sum_of_squares(segment.grad.flat_slice(r.offset, r.numel));
   return sum;
 }
 
