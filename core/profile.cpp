@@ -2,6 +2,7 @@
 #include "core/profile.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/format.h"
 #include "core/ops.h"
@@ -13,13 +14,6 @@ namespace {
 
 double seconds_between(TimeStack::Clock::time_point a, TimeStack::Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 double percent(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
@@ -185,21 +179,22 @@ double measure_gemm_peak(DType dtype, Device device, int64_t n, double seconds) 
          elapsed;
 }
 
-StepProfile median_profile(const std::vector<StepProfile>& steps) {
+StepProfile mean_profile(const std::vector<StepProfile>& steps) {
   StepProfile m;
   if (steps.empty()) return m;
   const size_t first = steps.size() > 1 ? 1 : 0;
-  auto med = [&](auto field) {
-    std::vector<double> v;
-    for (size_t i = first; i < steps.size(); ++i) v.push_back(field(steps[i]));
-    return median(std::move(v));
+  const auto count = static_cast<double>(steps.size() - first);
+  auto mean = [&](auto field) {
+    double sum = 0.0;
+    for (size_t i = first; i < steps.size(); ++i) sum += field(steps[i]);
+    return sum / count;
   };
   m.step = steps.back().step;
-  m.seconds = med([](const StepProfile& s) { return s.seconds; });
-  for (size_t i = 0; i < kPhases; ++i) m.phase[i] = med([i](const StepProfile& s) { return s.phase[i]; });
-  for (size_t i = 0; i < kActivities; ++i) m.activity[i] = med([i](const StepProfile& s) { return s.activity[i]; });
-  m.gemm_flops = med([](const StepProfile& s) { return s.gemm_flops; });
-  m.ops = static_cast<int64_t>(med([](const StepProfile& s) { return static_cast<double>(s.ops); }));
+  m.seconds = mean([](const StepProfile& s) { return s.seconds; });
+  for (size_t i = 0; i < kPhases; ++i) m.phase[i] = mean([i](const StepProfile& s) { return s.phase[i]; });
+  for (size_t i = 0; i < kActivities; ++i) m.activity[i] = mean([i](const StepProfile& s) { return s.activity[i]; });
+  m.gemm_flops = mean([](const StepProfile& s) { return s.gemm_flops; });
+  m.ops = static_cast<int64_t>(std::llround(mean([](const StepProfile& s) { return static_cast<double>(s.ops); })));
   return m;
 }
 
@@ -222,10 +217,10 @@ std::string format_step(const StepProfile& s, const ReportContext& ctx) {
 }
 
 std::string format_summary(const std::vector<StepProfile>& steps, const ReportContext& ctx) {
-  const StepProfile m = median_profile(steps);
+  const StepProfile m = mean_profile(steps);
   const size_t used = steps.size() > 1 ? steps.size() - 1 : steps.size();
   const double ms = 1e3;
-  std::string out = format("profile summary (rank {}; medians over {} step(s){}; ms per step):\n", ctx.rank, used,
+  std::string out = format("profile summary (rank {}; means over {} step(s){}; ms per step):\n", ctx.rank, used,
                            steps.size() > 1 ? ", the first left out" : "");
   out += format("  {:<12} {:>9} {:>7}    {:<17} {:>9} {:>7}\n", "phase", "ms", "%", "activity", "ms", "%");
   const size_t rows = std::max(kPhases, kActivities);

@@ -182,9 +182,11 @@ class WaitScope {
 /// one warm-up. Not profiled (call it before installing a profiler).
 double measure_gemm_peak(DType dtype, Device device, int64_t n = 1024, double seconds = 0.3);
 
-/// Per-step figures after the first (which includes warm-up): the median of
-/// each field over those steps; all steps when there is only one.
-StepProfile median_profile(const std::vector<StepProfile>& steps);
+/// Per-step figures after the first (which includes warm-up): the mean of each
+/// field over those steps; all steps when there is only one. Means, not
+/// medians, so that the parts of the summary add up to its step exactly (the
+/// medians of the parts of noisy steps need not add up to anything).
+StepProfile mean_profile(const std::vector<StepProfile>& steps);
 
 /// What a report needs besides the measurements.
 struct ReportContext {
