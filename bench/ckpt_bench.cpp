@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "core/comm.h"
 #include "core/error.h"
@@ -56,8 +57,13 @@ namespace st::bench {
 namespace {
 
 namespace fs = std::filesystem;
+using checkpoint::errno_text;
+using checkpoint::fsync_fd;
+using checkpoint::fsync_path;
 using checkpoint::Layout;
+using checkpoint::PathKind;
 using checkpoint::UniqueFd;
+using checkpoint::write_all;
 using Clock = std::chrono::steady_clock;
 
 // --- command line -----------------------------------------------------------------
@@ -348,18 +354,15 @@ template <class F>
 double run_everywhere(ProcessGroup& g, const std::string& what, F&& step) {
   g.barrier().wait();
   const Clock::time_point t0 = Clock::now();
-  std::string error;
-  try {
-    step();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  Tensor flag = Tensor::from_vector(std::vector<int32_t>{error.empty() ? 0 : 1}, {1});
-  g.all_reduce(flag, {.op = ReduceOp::Max}).wait();
-  const double secs = seconds_since(t0);
-  ST_CHECK(error.empty(), "{} failed on rank {}: {}", what, g.rank(), error);
-  ST_CHECK(flag.data<int32_t>()[0] == 0, "{} failed on another rank (this is rank {})", what, g.rank());
-  return secs;
+  // Every rank learns of a failure on any rank (the lowest failing rank's message).
+  run_on_every_rank(g, [&] {
+    try {
+      step();
+    } catch (const std::exception& e) {
+      ST_FAIL("{} failed: {}", what, e.what());
+    }
+  });
+  return seconds_since(t0);
 }
 
 std::vector<double> max_over_ranks(ProcessGroup& g, const std::vector<double>& v) {
@@ -372,18 +375,6 @@ std::vector<double> max_over_ranks(ProcessGroup& g, const std::vector<double>& v
 
 // --- files -----------------------------------------------------------------------
 
-std::string errno_text() { return std::strerror(errno); }
-
-void write_all(int fd, const std::byte* p, size_t n, const std::string& path) {
-  while (n > 0) {
-    ssize_t got = ::write(fd, p, std::min<size_t>(n, size_t{1} << 26));
-    if (got < 0 && errno == EINTR) continue;
-    ST_CHECK(got > 0, "writing '{}' failed: {}", path, got < 0 ? errno_text() : "wrote 0 bytes");
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-}
-
 void read_all(int fd, std::byte* p, size_t n, const std::string& path) {
   while (n > 0) {
     ssize_t got = ::read(fd, p, std::min<size_t>(n, size_t{1} << 26));
@@ -394,21 +385,15 @@ void read_all(int fd, std::byte* p, size_t n, const std::string& path) {
   }
 }
 
-void fsync_dir(const std::string& dir) {
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  ST_CHECK(fd.valid(), "cannot open directory '{}': {}", dir, errno_text());
-  ST_CHECK(::fsync(fd.get()) == 0, "fsync of directory '{}' failed: {}", dir, errno_text());
-}
-
 // The physical limit for a save: the same bytes, one file per rank, written
 // sequentially and made durable the same way (file and directory fsync).
 void raw_write(const std::string& path, const LocalState& s) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   ST_CHECK(fd.valid(), "cannot create '{}': {}", path, errno_text());
-  for (const Tensor& f : s.flats) write_all(fd.get(), static_cast<const std::byte*>(f.raw_data()), f.nbytes(), path);
-  ST_CHECK(::fsync(fd.get()) == 0, "fsync of '{}' failed: {}", path, errno_text());
-  ST_CHECK(::close(fd.release()) == 0, "closing '{}' failed: {}", path, errno_text());
-  fsync_dir(fs::path(path).parent_path().string());
+  for (const Tensor& f : s.flats) write_all(fd.get(), f.raw_data(), f.nbytes(), format("'{}'", path));
+  fsync_fd(fd.get(), format("'{}'", path));
+  fd.close_checked(path);
+  fsync_path(fs::path(path).parent_path(), PathKind::Directory);
 }
 
 void raw_read(const std::string& path, const LocalState& s) {
@@ -810,7 +795,10 @@ int run(const std::vector<std::string>& argv) {
   Bench bench(args, world);
   if (world.rank() == 0) {
     std::string layouts;
-    for (Layout l : args.layouts) layouts += (layouts.empty() ? "" : ",") + layout_name(l);
+    for (Layout l : args.layouts) {
+      if (!layouts.empty()) layouts += ',';
+      layouts += layout_name(l);
+    }
     std::printf("%s", describe_machine(args.dir).c_str());
     std::printf(
         "%s",

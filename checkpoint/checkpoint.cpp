@@ -32,32 +32,6 @@ using TensorId = std::pair<std::string, std::string>;  // (fqn, kind)
 
 std::string join_path(const std::string& dir, std::string_view name) { return (fs::path(dir) / name).string(); }
 
-// Writes `text` to `path` durably: temp file, fsync, rename, fsync of the
-// directory, so a reader sees either nothing or the complete file.
-void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    ST_CHECK(fd.valid(), "cannot create '{}': {}", tmp, std::strerror(errno));
-    size_t done = 0;
-    while (done < text.size()) {
-      ssize_t got = ::write(fd.get(), text.data() + done, text.size() - done);
-      if (got < 0 && errno == EINTR) continue;
-      ST_CHECK(got > 0, "writing '{}' failed: {}", tmp, got < 0 ? std::strerror(errno) : "wrote 0 bytes");
-      done += static_cast<size_t>(got);
-    }
-    ST_CHECK(::fsync(fd.get()) == 0, "fsync of '{}' failed: {}", tmp, std::strerror(errno));
-    int raw = fd.release();
-    ST_CHECK(::close(raw) == 0, "closing '{}' failed: {}", tmp, std::strerror(errno));
-  }
-  ST_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "renaming '{}' to '{}' failed: {}", tmp, path,
-           std::strerror(errno));
-  const std::string parent = fs::path(path).parent_path().string();
-  UniqueFd dfd(::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  ST_CHECK(dfd.valid(), "cannot open directory '{}': {}", parent, std::strerror(errno));
-  ST_CHECK(::fsync(dfd.get()) == 0, "fsync of directory '{}' failed: {}", parent, std::strerror(errno));
-}
-
 json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   ST_CHECK(in.good(), "cannot open '{}': {}", path, std::strerror(errno));

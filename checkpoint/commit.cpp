@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "checkpoint/checksum.h"
+#include "checkpoint/fs.h"
 #include "core/error.h"
 
 namespace st::checkpoint {
@@ -31,58 +32,6 @@ constexpr std::array<std::string_view, 13> stage_names = {
 constexpr std::string_view marker_header = "shardtrain checkpoint";
 constexpr std::string_view latest_tmp_name = ".latest.tmp";
 constexpr std::string_view tmp_prefix = ".tmp-";
-
-std::string errno_text() { return std::strerror(errno); }
-
-/// A POSIX file descriptor that is closed on every path out.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  /// Closes now, so that a failing close (a delayed write error) is reported.
-  void close_checked(const fs::path& path) {
-    int rc = ::close(fd_);
-    fd_ = -1;
-    ST_CHECK(rc == 0, "cannot close {}: {}", path.string(), errno_text());
-  }
-
- private:
-  int fd_;
-};
-
-void fsync_path(const fs::path& path, bool is_dir) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (is_dir ? O_DIRECTORY : 0)));
-  ST_CHECK(fd.get() >= 0, "cannot open {} to fsync it: {}", path.string(), errno_text());
-  ST_CHECK(::fsync(fd.get()) == 0, "cannot fsync {}: {}", path.string(), errno_text());
-  fd.close_checked(path);
-}
-
-/// Writes `content` to a new file and fsyncs it; `after_write` runs between the
-/// two so that a crash test can stop at the moment the data is not yet durable.
-void write_file_synced(const fs::path& path, std::string_view content, const std::function<void()>& after_write) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  ST_CHECK(fd.get() >= 0, "cannot create {}: {}", path.string(), errno_text());
-  size_t done = 0;
-  while (done < content.size()) {
-    ssize_t n = ::write(fd.get(), content.data() + done, content.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    ST_CHECK(n > 0, "cannot write {}: {}", path.string(), errno_text());
-    done += static_cast<size_t>(n);
-  }
-  if (after_write) after_write();
-  ST_CHECK(::fsync(fd.get()) == 0, "cannot fsync {}: {}", path.string(), errno_text());
-  fd.close_checked(path);
-}
-
-void rename_path(const fs::path& from, const fs::path& to) {
-  ST_CHECK(::rename(from.c_str(), to.c_str()) == 0, "cannot rename {} to {}: {}", from.string(), to.string(),
-           errno_text());
-}
 
 void remove_tree(const fs::path& path) {
   std::error_code ec;
@@ -145,7 +94,7 @@ std::string marker_body(const fs::path& dir, int64_t step, const std::vector<std
     std::error_code ec;
     uintmax_t size = fs::file_size(file, ec);
     ST_CHECK(!ec, "checkpoint file {} cannot be read: {}", file.string(), ec.message());
-    fsync_path(file, false);
+    fsync_path(file, PathKind::File);
     marker += format("file {} {}\n", size, name);
   }
   return marker;
@@ -278,7 +227,7 @@ void write_complete_marker(const fs::path& dir, int64_t step, const std::vector<
   std::string marker = marker_body(dir, step, files_written);
   marker += "crc32c " + crc_hex(marker) + "\n";
   write_file_synced(dir / complete_marker_name, marker, {});
-  fsync_path(dir, true);
+  fsync_path(dir, PathKind::Directory);
 }
 
 PendingCheckpoint::PendingCheckpoint(fs::path root, int64_t step, CommitHook hook)
@@ -328,7 +277,7 @@ void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
   stage("marker_synced");
   // The directory entries (files and marker) must be durable before the rename
   // publishes them; otherwise a power loss could leave a step dir without them.
-  fsync_path(path_, true);
+  fsync_path(path_, PathKind::Directory);
   stage("temp_dir_synced");
 
   fs::path target = final_path();
@@ -353,7 +302,7 @@ void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
   }
   committed_ = true;  // from here the temporary directory no longer holds our files
   stage("renamed");
-  fsync_path(root_, true);
+  fsync_path(root_, PathKind::Directory);
   stage("root_synced");
   if (!old_copy.empty()) remove_tree(old_copy);
   stage("old_step_removed");
@@ -368,7 +317,7 @@ void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
     rename_path(latest, root_ / format("{}.not-a-file-{}", latest_file_name, ::getpid()));
   rename_path(latest_tmp, latest);
   stage("latest_renamed");
-  fsync_path(root_, true);
+  fsync_path(root_, PathKind::Directory);
   stage("committed");
 }
 

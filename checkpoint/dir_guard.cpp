@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "checkpoint/commit.h"
+#include "checkpoint/fs.h"
 #include "core/error.h"
 
 namespace st::checkpoint {
@@ -26,8 +27,6 @@ namespace {
 // From linux/magic.h: file systems that look like directories but store nothing.
 constexpr long kProcMagic = 0x9fa0;
 constexpr long kSysfsMagic = 0x62656572;
-
-std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
 
 std::string host_name() {
   char buf[256] = {};
@@ -163,12 +162,7 @@ fs::path move_checkpoints_aside(const fs::path& root) {
     fs::rename(root / name, aside / name, ec);
     ST_CHECK(!ec, "cannot move '{}' to '{}': {}", (root / name).string(), aside.string(), ec.message());
   }
-  const int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    const int rc = ::fsync(fd);
-    ::close(fd);
-    ST_CHECK(rc == 0, "fsync of '{}' failed: {}", root.string(), errno_text(errno));
-  }
+  fsync_path(root, PathKind::Directory);
   return aside;
 }
 

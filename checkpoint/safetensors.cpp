@@ -25,19 +25,6 @@ using nlohmann::json;
 // one code path for every size and lets a short transfer be retried cleanly.
 constexpr size_t kMaxChunk = size_t{1} << 30;
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-void write_all(int fd, const std::byte* p, size_t n, const std::string& path) {
-  while (n > 0) {
-    ssize_t got = ::write(fd, p, std::min(n, kMaxChunk));
-    if (got < 0 && errno == EINTR) continue;
-    ST_CHECK(got >= 0, "writing safetensors file '{}' failed: {}", path, errno_text(errno));
-    ST_CHECK(got > 0, "writing safetensors file '{}' failed: write returned 0 bytes", path);
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-}
-
 void pread_all(int fd, std::byte* p, size_t n, uint64_t offset, const std::string& path) {
   while (n > 0) {
     ssize_t got = ::pread(fd, p, std::min(n, kMaxChunk), static_cast<off_t>(offset));
@@ -109,20 +96,6 @@ int64_t find_invalid_utf8(std::string_view bytes) {
   return -1;
 }
 
-// --- UniqueFd ------------------------------------------------------------------
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = other.release();
-  }
-  return *this;
-}
-
-UniqueFd::~UniqueFd() {
-  if (fd_ >= 0) ::close(fd_);  // errors here cannot be reported; write() closes explicitly
-}
-
 // --- SafetensorsWriter -----------------------------------------------------------
 
 void SafetensorsWriter::check_new_name(const std::string& name) const {
@@ -187,17 +160,18 @@ std::vector<WrittenTensor> SafetensorsWriter::write(const std::string& path) con
   std::vector<WrittenTensor> written;
   written.reserve(entries_.size());
   try {
-    write_all(fd.get(), head.data(), head.size(), path);
+    const std::string what = format("safetensors file '{}'", path);
+    write_all(fd.get(), head.data(), head.size(), what);
     uint64_t offset = data_start;
     for (const Entry& e : entries_) {
       const TensorScan scan = crc32c_and_scan(e.bytes, e.dtype);
       written.push_back({e.name, offset, e.bytes.size(), scan.crc32c, scan.nonfinite});
-      write_all(fd.get(), e.bytes.data(), e.bytes.size(), path);
+      write_all(fd.get(), e.bytes.data(), e.bytes.size(), what);
       offset += e.bytes.size();
     }
-    ST_CHECK(::fsync(fd.get()) == 0, "fsync of safetensors file '{}' failed: {}", path, errno_text(errno));
+    fsync_fd(fd.get(), what);
     // close() can report a deferred write error (e.g. NFS); do not drop it.
-    ST_CHECK(::close(fd.release()) == 0, "closing safetensors file '{}' failed: {}", path, errno_text(errno));
+    fd.close_checked(path);
   } catch (...) {
     ::unlink(path.c_str());  // a partial file must never look like a checkpoint
     throw;

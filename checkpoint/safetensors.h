@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "checkpoint/checksum.h"
+#include "checkpoint/fs.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 
@@ -24,29 +25,6 @@ namespace st::checkpoint {
 /// Headers larger than this are rejected before any allocation (a corrupt
 /// length must not make the reader allocate gigabytes).
 inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
-
-/// Move-only owner of a POSIX file descriptor; closes it on destruction.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd();
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int release() noexcept {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 /// Where one tensor lives in a file.
 struct TensorInfo {

@@ -22,6 +22,7 @@
 
 #include "checkpoint/checksum.h"
 #include "checkpoint/commit.h"
+#include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 
@@ -121,15 +122,6 @@ std::vector<DirFile> list_files(const fs::path& dir) {
   return files;
 }
 
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  ST_CHECK(fd >= 0, "cannot open {} to fsync it: {}", dir.string(), std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  ST_CHECK(rc == 0, "cannot fsync {}: {}", dir.string(), std::strerror(saved));
-}
-
 /// A directory that is removed with its contents unless keep() was called.
 class TempDir {
  public:
@@ -152,18 +144,6 @@ class TempDir {
   fs::path path_;
   bool kept_ = false;
 };
-
-/// Renames `from` to `to`, failing (not replacing) when `to` exists.
-void rename_no_replace(const fs::path& from, const fs::path& to) {
-  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return;
-  ST_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP, "cannot rename {} to {}: {}", from.string(),
-           to.string(), std::strerror(errno));
-  // Filesystems without RENAME_NOREPLACE: rename(2) would replace an empty directory.
-  std::error_code ec;
-  ST_CHECK(!fs::exists(to, ec), "{} already exists", to.string());
-  ST_CHECK(::rename(from.c_str(), to.c_str()) == 0, "cannot rename {} to {}: {}", from.string(), to.string(),
-           std::strerror(errno));
-}
 
 DType model_dtype_of(const TrainerState& state, const std::string& dir) {
   if (state.model_dtype.empty()) return DType::F32;
@@ -805,9 +785,9 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
       written.push_back(f.name);
     }
     checkpoint::write_complete_marker(tmp->path(), step, written);
-    rename_no_replace(tmp->path(), out_path);
+    checkpoint::rename_no_replace(tmp->path(), out_path);
     tmp->keep();
-    fsync_dir(out_path.parent_path());
+    checkpoint::fsync_path(out_path.parent_path(), checkpoint::PathKind::Directory);
   });
   if (rank != 0) return "";
   return format("converted {} ({}, {} process(es)) to {} ({}) with {} process(es): {} tensors, {}", src.path,

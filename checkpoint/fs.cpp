@@ -1,0 +1,101 @@
+#include "checkpoint/fs.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <system_error>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/format.h"
+
+namespace st::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Linux transfers at most ~2 GiB per read/write call; staying below that keeps
+// one code path for every size and lets a short transfer be retried cleanly.
+constexpr size_t kMaxChunk = size_t{1} << 30;
+
+}  // namespace
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);  // errors here cannot be reported; close_checked() reports them
+}
+
+void UniqueFd::close_checked(const fs::path& path) {
+  const int rc = ::close(release());
+  ST_CHECK(rc == 0, "cannot close '{}': {}", path.string(), errno_text());
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& what) {
+  const auto* p = static_cast<const std::byte*>(data);
+  while (n > 0) {
+    const ssize_t got = ::write(fd, p, std::min(n, kMaxChunk));
+    if (got < 0 && errno == EINTR) continue;
+    ST_CHECK(got >= 0, "writing {} failed: {}", what, errno_text());
+    ST_CHECK(got > 0, "writing {} failed: write returned 0 bytes", what);
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+}
+
+void fsync_fd(int fd, const std::string& what) {
+  ST_CHECK(::fsync(fd) == 0, "cannot fsync {}: {}", what, errno_text());
+}
+
+void fsync_path(const fs::path& path, PathKind kind) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (kind == PathKind::Directory ? O_DIRECTORY : 0)));
+  ST_CHECK(fd.valid(), "cannot open '{}' to fsync it: {}", path.string(), errno_text());
+  fsync_fd(fd.get(), format("'{}'", path.string()));
+  fd.close_checked(path);
+}
+
+void write_file_synced(const fs::path& path, std::string_view content, const std::function<void()>& after_write) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  ST_CHECK(fd.valid(), "cannot create '{}': {}", path.string(), errno_text());
+  write_all(fd.get(), content.data(), content.size(), format("'{}'", path.string()));
+  if (after_write) after_write();
+  fsync_fd(fd.get(), format("'{}'", path.string()));
+  fd.close_checked(path);
+}
+
+void write_file_atomic(const fs::path& path, std::string_view content) {
+  fs::path tmp = path;
+  tmp += ".tmp";
+  write_file_synced(tmp, content);
+  rename_path(tmp, path);
+  const fs::path parent = path.parent_path();
+  fsync_path(parent.empty() ? fs::path(".") : parent, PathKind::Directory);
+}
+
+void rename_path(const fs::path& from, const fs::path& to) {
+  ST_CHECK(::rename(from.c_str(), to.c_str()) == 0, "cannot rename '{}' to '{}': {}", from.string(), to.string(),
+           errno_text());
+}
+
+void rename_no_replace(const fs::path& from, const fs::path& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return;
+  ST_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP, "cannot rename '{}' to '{}': {}", from.string(),
+           to.string(), errno_text());
+  // File systems without RENAME_NOREPLACE: rename(2) would replace an empty directory.
+  std::error_code ec;
+  ST_CHECK(!fs::exists(to, ec), "'{}' already exists", to.string());
+  rename_path(from, to);
+}
+
+}  // namespace st::checkpoint

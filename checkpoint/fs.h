@@ -1,0 +1,73 @@
+#pragma once
+// File-system primitives of the checkpoint subsystem: the one place in the
+// tree that writes files durably. A file is durable once it has been fsynced;
+// its name is durable once its directory has been fsynced after the create,
+// rename or remove. Every error names the path and the system's reason.
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace st::checkpoint {
+
+/// The system's text for error number `err`.
+std::string errno_text(int err);
+/// The system's text for the current errno.
+inline std::string errno_text() { return errno_text(errno); }
+
+/// Move-only owner of a POSIX file descriptor; closes it on destruction.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd();
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() noexcept {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  /// Closes now and throws naming `path` if close fails (a delayed write
+  /// error surfaces there); the destructor cannot report it.
+  void close_checked(const std::filesystem::path& path);
+
+ private:
+  int fd_ = -1;
+};
+
+/// Writes all `n` bytes at the descriptor's position (short writes and EINTR
+/// retried, at most 1 GiB per call); `what` names the file in errors.
+void write_all(int fd, const void* data, size_t n, const std::string& what);
+
+/// fsync(2) of an open file; `what` names it in the error.
+void fsync_fd(int fd, const std::string& what);
+
+enum class PathKind : uint8_t { File, Directory };
+/// Opens `path` and fsyncs it: a file's data, or a directory's entries.
+void fsync_path(const std::filesystem::path& path, PathKind kind);
+
+/// Creates (or truncates) `path`, writes `content` and fsyncs it; `after_write`
+/// runs between the write and the fsync, so crash tests can stop there.
+void write_file_synced(const std::filesystem::path& path, std::string_view content,
+                       const std::function<void()>& after_write = {});
+/// Replaces `path` atomically and durably: `path` + ".tmp" is written and
+/// fsynced, renamed over `path`, and the directory fsynced, so a reader sees
+/// the old file or the whole new one.
+void write_file_atomic(const std::filesystem::path& path, std::string_view content);
+
+/// rename(2) of `from` to `to` (which it replaces), naming both on failure.
+void rename_path(const std::filesystem::path& from, const std::filesystem::path& to);
+/// Renames `from` to `to`, failing instead of replacing when `to` exists
+/// (RENAME_NOREPLACE; an existence check first where the file system lacks it).
+void rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to);
+
+}  // namespace st::checkpoint
