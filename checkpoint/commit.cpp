@@ -335,6 +335,28 @@ std::vector<int64_t> complete_steps(const fs::path& root) {
   return steps;
 }
 
+ResolvedDir resolve_checkpoint_dir(const std::string& path) {
+  std::error_code ec;
+  ST_CHECK(fs::is_directory(path, ec), "{} is not a directory", path);
+  const fs::path dir(path);
+  bool is_root = fs::exists(fs::symlink_status(dir / latest_file_name, ec));
+  if (!is_root && !fs::exists(dir / trainer_state_file_name, ec) && !fs::exists(dir / complete_marker_name, ec)) {
+    // No checkpoint of its own: a root when it holds step directories.
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+      if (parse_step_dir_name(entry.path().filename().string())) {
+        is_root = true;
+        break;
+      }
+    }
+  }
+  if (!is_root) return {path, "", false};
+  std::optional<ResumeChoice> choice = choose_resume(dir);
+  ST_CHECK(choice.has_value(), "{} is a checkpoint root without a complete checkpoint", path);
+  if (choice->note.empty())
+    return {choice->path, format("{}: using {} (named by latest)", path, step_dir_name(choice->step)), false};
+  return {choice->path, format("{}: {}", path, choice->note), true};
+}
+
 std::optional<ResumeChoice> choose_resume(const fs::path& root) {
   std::string problem;
   auto text = read_small_file(root / latest_file_name, &problem);

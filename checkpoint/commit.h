@@ -34,6 +34,8 @@ std::optional<int64_t> parse_step_dir_name(std::string_view name);
 inline constexpr std::string_view complete_marker_name = "COMPLETE";
 /// Name of the file in the root that names the checkpoint to resume from.
 inline constexpr std::string_view latest_file_name = "latest";
+/// Name of the file inside a checkpoint directory that holds the trainer's state.
+inline constexpr std::string_view trainer_state_file_name = "trainer_state.json";
 
 /// Called with the name of each stage of a commit as it is reached (see
 /// commit_stages()). For crash tests: a child process kills itself at a chosen
@@ -139,6 +141,19 @@ struct ResumeChoice {
 /// (missing COMPLETE marker); using step-000200". nullopt when root holds no
 /// complete checkpoint.
 std::optional<ResumeChoice> choose_resume(const std::filesystem::path& root);
+
+/// The checkpoint directory a path given by a user stands for.
+struct ResolvedDir {
+  std::string path;        // the checkpoint directory
+  std::string note;        // for a root: which step was taken and why; empty otherwise
+  bool fell_back = false;  // a root whose `latest` was unusable: an older complete checkpoint was taken
+};
+/// `path` itself, unless it is a checkpoint root (it holds `latest`, or
+/// step-NNNNNN directories and no checkpoint of its own): then choose_resume's
+/// pick. Throws naming `path` when it is not a directory or is a root without
+/// a complete checkpoint. The trainer (--resume PATH, init_from) and the ckpt
+/// tool both resolve paths through this.
+ResolvedDir resolve_checkpoint_dir(const std::string& path);
 
 /// Deletes the oldest complete checkpoints beyond the newest `keep_last`
 /// (keep_last <= 0 keeps all), never the one `latest` names, and never an

@@ -25,7 +25,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kTrainerState = "trainer_state.json";
 constexpr const char* kHfConfig = "config.json";
 
 constexpr std::string_view kSkipModelWeight = "skip_save_model_weight";
@@ -88,18 +87,16 @@ void write_text(const std::string& path, const std::string& text) {
   ST_CHECK(out.good(), "cannot write {}", path);
 }
 
-// A checkpoint root holding `latest` stands for the checkpoint it names.
+// The checkpoint a user's path stands for (a root stands for the one `latest`
+// names), said in the log when it was a root.
 std::string resolve_checkpoint_dir(const std::string& path, Logger& log) {
-  std::error_code ec;
-  const bool has_latest = fs::exists(fs::symlink_status(fs::path(path) / checkpoint::latest_file_name, ec));
-  const bool has_marker = fs::exists(fs::symlink_status(fs::path(path) / checkpoint::complete_marker_name, ec));
-  if (has_latest && !has_marker) {
-    std::optional<checkpoint::ResumeChoice> choice = checkpoint::choose_resume(path);
-    ST_CHECK(choice.has_value(), "'{}' holds no complete checkpoint", path);
-    if (!choice->note.empty()) log.warn0("{}: {}", path, choice->note);
-    return choice->path;
+  const checkpoint::ResolvedDir resolved = checkpoint::resolve_checkpoint_dir(path);
+  if (resolved.fell_back) {
+    log.warn0("{}", resolved.note);
+  } else if (!resolved.note.empty()) {
+    log.info0("{}", resolved.note);
   }
-  return path;
+  return resolved.path;
 }
 
 // A checkpoint that does not fit this run (other model shape, finished run).
@@ -383,8 +380,8 @@ void Checkpointer::finish_in_flight() {
   run_on_every_rank(world_, [&] {
     if (world_.rank() != 0) return;
     const std::string dir = f->pending->path().string();
-    write_text(dir + "/" + kTrainerState, f->state.dump(2) + "\n");
-    files.emplace_back(kTrainerState);
+    write_text((fs::path(dir) / checkpoint::trainer_state_file_name).string(), f->state.dump(2) + "\n");
+    files.emplace_back(checkpoint::trainer_state_file_name);
     if (!f->hf_config.empty()) {
       write_text(dir + "/" + kHfConfig, f->hf_config);
       files.emplace_back(kHfConfig);
@@ -562,7 +559,7 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
   // Nothing but indexes and headers is read before the fit is checked.
   run_on_every_rank(world_, [&] {
     if (!init) {
-      const std::string state_path = path + "/" + kTrainerState;
+      const std::string state_path = (fs::path(path) / checkpoint::trainer_state_file_name).string();
       std::error_code ec;
       ST_CHECK(fs::is_regular_file(state_path, ec), "cannot read {} (is {} a checkpoint directory?)", state_path, path);
       std::ifstream in(state_path);

@@ -36,7 +36,7 @@ using checkpoint::StoredTensor;
 
 namespace {
 
-constexpr const char* kTrainerStateName = "trainer_state.json";
+constexpr std::string_view kTrainerStateName = checkpoint::trainer_state_file_name;
 constexpr const char* kHfConfigName = "config.json";
 
 std::string hex8(uint32_t v) {
@@ -437,29 +437,6 @@ std::string ckpt_usage() {
 }
 
 // ---- shared -----------------------------------------------------------------------
-
-ResolvedDir resolve_checkpoint_dir(const std::string& path) {
-  std::error_code ec;
-  ST_CHECK(fs::is_directory(path, ec), "{} is not a directory", path);
-  const fs::path dir(path);
-  bool is_root = fs::exists(dir / checkpoint::latest_file_name, ec);
-  if (!is_root && !fs::exists(dir / kTrainerStateName, ec) && !fs::exists(dir / checkpoint::complete_marker_name, ec)) {
-    // No checkpoint of its own: a root when it holds step directories.
-    for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
-      if (checkpoint::parse_step_dir_name(entry.path().filename().string())) {
-        is_root = true;
-        break;
-      }
-    }
-  }
-  if (!is_root) return {path, ""};
-  std::optional<checkpoint::ResumeChoice> choice = checkpoint::choose_resume(dir);
-  ST_CHECK(choice.has_value(), "{} is a checkpoint root without a complete checkpoint", path);
-  std::string note = choice->note.empty()
-                         ? format("{}: using {} (named by latest)", path, checkpoint::step_dir_name(choice->step))
-                         : format("{}: {}", path, choice->note);
-  return {choice->path, note};
-}
 
 TrainerState read_trainer_state(const std::string& dir) {
   TrainerState state;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/commit.h"
 #include "core/comm.h"
 
 namespace st::launch {
@@ -36,15 +37,8 @@ struct CkptArgs {
 CkptArgs parse_ckpt_args(const std::vector<std::string>& argv);
 std::string ckpt_usage();
 
-/// The checkpoint directory `path` stands for.
-struct ResolvedDir {
-  std::string path;
-  std::string note;  // for a root: which step was taken and why; empty otherwise
-};
-/// `path` itself, unless it is a checkpoint root (holds `latest`, or step-NNNNNN
-/// directories and no checkpoint of its own): then choose_resume's pick.
-/// Throws when `path` does not exist or a root holds no complete checkpoint.
-ResolvedDir resolve_checkpoint_dir(const std::string& path);
+using checkpoint::resolve_checkpoint_dir;
+using checkpoint::ResolvedDir;
 
 /// What trainer_state.json says (the fields ckpt uses); defaults when absent.
 struct TrainerState {

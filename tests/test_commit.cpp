@@ -288,6 +288,42 @@ TEST(Resume, NothingAtAll) {
   EXPECT_TRUE(complete_steps(tmp.path()).empty());
 }
 
+TEST(Resolve, RootStandsForTheCheckpointLatestNames) {
+  TempRoot tmp;
+  const std::string root = tmp.path().string();
+  save(tmp.path(), 100);
+  save(tmp.path(), 200);
+  ResolvedDir r = resolve_checkpoint_dir(root);
+  EXPECT_EQ(r.path, (tmp.path() / "step-000200").string());
+  EXPECT_EQ(r.note, root + ": using step-000200 (named by latest)");
+  EXPECT_FALSE(r.fell_back);
+  // A checkpoint directory stands for itself.
+  r = resolve_checkpoint_dir((tmp.path() / "step-000100").string());
+  EXPECT_EQ(r.path, (tmp.path() / "step-000100").string());
+  EXPECT_EQ(r.note, "");
+  // latest names an incomplete checkpoint: the older complete one, said as a fallback.
+  fs::remove(tmp.path() / "step-000200" / "COMPLETE");
+  r = resolve_checkpoint_dir(root);
+  EXPECT_EQ(r.path, (tmp.path() / "step-000100").string());
+  EXPECT_TRUE(r.fell_back);
+  EXPECT_EQ(r.note,
+            root + ": latest names step-000200, which is incomplete (missing COMPLETE marker); using step-000100");
+  // Step directories without latest still make a root.
+  fs::remove(tmp.path() / "latest");
+  EXPECT_EQ(resolve_checkpoint_dir(root).path, (tmp.path() / "step-000100").string());
+}
+
+TEST(Resolve, NotADirectoryOrNoCompleteCheckpointIsAnError) {
+  TempRoot tmp;
+  const std::string missing = (tmp.path() / "missing").string();
+  EXPECT_EQ(error_of([&] { resolve_checkpoint_dir(missing); }), missing + " is not a directory");
+  fs::create_directories(tmp.path() / "step-000100");  // no marker
+  write_text(tmp.path() / "latest", "step-000100\n");
+  const std::string root = tmp.path().string();
+  EXPECT_EQ(error_of([&] { resolve_checkpoint_dir(root); }),
+            root + " is a checkpoint root without a complete checkpoint");
+}
+
 TEST(Retention, KeepsNewestAndLatestTarget) {
   TempRoot tmp;
   for (int64_t step : {100, 200, 300, 400, 500}) save(tmp.path(), step);
