@@ -23,6 +23,10 @@ CHECK is one of:
               --resume auto falls back past a latest checkpoint that fails its checksum
   sigterm     SIGTERM to one rank stops every rank after the current step with a
               checkpoint and exit 0; resuming from it continues bit-identically
+  compat      checkpoints written by an earlier version (tests/data/ckpt-v1-*, both
+              layouts, step 2 of a 4-step run of a 1-layer LLaMA) still load at 1 and 2
+              ranks: steps 3-4 within COMPAT_BOUND of an uninterrupted run today (not
+              bit-identical: kernels may round differently since), and `ckpt verify` passes
 Each check prints what it measured; a failure exits 1.
 """
 import json
@@ -410,11 +414,39 @@ def check_sigterm(trainer, tmp):
         fail("the run resumed after SIGTERM differs from an uninterrupted one")
 
 
+# The stored checkpoints were written by commit f069d83 (2026-11-25); a later change of
+# kernel rounding moves steps 3-4 by far less than this.
+COMPAT_BOUND = 1e-3
+COMPAT = sets(model__hidden_size=16, model__intermediate_size=32, model__num_hidden_layers=1,
+              model__num_attention_heads=2, model__num_key_value_heads=1, fsdp__mixed_precision__param_dtype="f32",
+              train__global_batch_size=2, train__micro_batch_size=1, train__seq_len=16,
+              model__max_position_embeddings=16)
+
+
+def check_compat(trainer, tmp):
+    ckpt_tool = os.path.join(os.path.dirname(trainer), "ckpt")
+    full, _ = train(trainer, 1, tmp, "full", COMPAT, steps=4)
+    for layout in ("unified", "sharded"):
+        stored = os.path.join(ROOT, "tests", "data", f"ckpt-v1-{layout}")
+        proc = run([ckpt_tool, "verify", stored], expect_ok=False)
+        if proc.returncode != 0:
+            fail(f"ckpt verify {stored}: {proc.stdout[-1500:]} {proc.stderr[-1500:]}")
+        for np in (1, 2):
+            losses, proc = train(trainer, np, tmp, f"{layout}-{np}", COMPAT + ["--resume", stored], steps=4)
+            if sorted(losses) != [3, 4] or f"resumed from {stored}" not in proc.stderr:
+                fail(f"{layout} at {np} rank(s) did not resume at step 3: {losses} {proc.stderr[-1500:]}")
+            rel = max_rel(losses, full, [3, 4])
+            print(f"compat: {layout} v1 checkpoint at {np} rank(s): steps 3-4 {losses[3]:.6f} {losses[4]:.6f}, "
+                  f"uninterrupted {full[3]:.6f} {full[4]:.6f}, max rel {rel:.2e}")
+            if rel > COMPAT_BOUND:
+                fail(f"resumed from the v1 {layout} checkpoint, the loss differs by {rel:.2e} > {COMPAT_BOUND}")
+
+
 def main():
     trainer, check = os.path.abspath(sys.argv[1]), sys.argv[2]
     checks = {"resume": check_resume, "elastic": check_elastic, "toy": check_toy, "options": check_options,
               "init-from": check_init_from, "crash": check_crash, "corruption": check_corruption,
-              "sigterm": check_sigterm}
+              "sigterm": check_sigterm, "compat": check_compat}
     with tempfile.TemporaryDirectory() as tmp:
         checks[check](trainer, tmp)
 
