@@ -136,16 +136,6 @@ std::string latest_note(const std::string& root) {
   return "no checkpoint was committed before";
 }
 
-// trainer_state.json's integer `key`: present, an integer, 0 <= value < 2^53 (JSON's exact range).
-int64_t state_count(const json& state, const char* key, const std::string& state_path) {
-  ST_CHECK(state.contains(key), "{} lacks '{}'", state_path, key);
-  const json& v = state.at(key);
-  ST_CHECK(v.is_number_integer() && (v.is_number_unsigned() || v.get<int64_t>() >= 0) &&
-               v.get<uint64_t>() < (uint64_t{1} << 53),
-           "{} is corrupt: '{}' is {}, expected a non-negative integer", state_path, key, v.dump());
-  return v.get<int64_t>();
-}
-
 // The first non-finite value of loaded state, or an empty string.
 std::string nonfinite_problem(const std::vector<StateEntry>& entries) {
   for (const StateEntry& e : entries) {
@@ -211,7 +201,7 @@ struct Checkpointer::InFlight {
   int64_t step = 0;
   std::optional<checkpoint::StagedSave> staged;
   std::optional<checkpoint::PendingCheckpoint> pending;  // rank 0
-  json state;                                            // trainer_state.json, rank 0
+  checkpoint::TrainerState state;                        // trainer_state.json, rank 0
   std::string hf_config;                                 // config.json, rank 0 (llama only)
   std::thread writer;
   std::atomic<bool> written{false};
@@ -324,21 +314,20 @@ void Checkpointer::save(int64_t step, int64_t consumed) {
   f->total_bytes = f->staged->total_bytes();
 
   if (world_.rank() == 0) {
-    f->state = {{"step", step},
-                {"consumed_samples", consumed},
-                {"optimizer_steps", optimizer_.step_count()},
-                {"world_size", world_.size()},
-                {"sharding_strategy", std::string(to_string(config_.fsdp.sharding_strategy))},
-                {"format", unified ? "unified" : "sharded"},
-                {"model_dtype", std::string(dtype_name(options.model_dtype))},
-                {"model_weights", unified && options.model_weights},
-                {"master_weights", !unified || options.master_weights},
-                {"rng", {{"seed", config_.train.seed}, {"sampler_position", consumed}}},
-                {"schedule",
-                 {{"kind", std::string(to_string(config_.optim.schedule.kind))},
-                  {"total_steps", config_.train.steps},
-                  {"next_lr", optim::learning_rate(config_.optim, step, config_.train.steps)}}},
-                {"config", to_yaml(config_)}};
+    checkpoint::TrainerState& s = f->state;
+    s.step = step;
+    s.consumed_samples = consumed;
+    s.optimizer_steps = optimizer_.step_count();
+    s.world_size = world_.size();
+    s.sharding_strategy = std::string(to_string(config_.fsdp.sharding_strategy));
+    s.format = unified ? "unified" : "sharded";
+    s.model_dtype = std::string(dtype_name(options.model_dtype));
+    s.model_weights = unified && options.model_weights;
+    s.master_weights = !unified || options.master_weights;
+    s.seed = static_cast<int64_t>(config_.train.seed);
+    s.schedule = checkpoint::ScheduleState{std::string(to_string(config_.optim.schedule.kind)), config_.train.steps,
+                                           optim::learning_rate(config_.optim, step, config_.train.steps)};
+    s.config_yaml = to_yaml(config_);
     if (config_.model.name == "llama")
       f->hf_config = hf_llama_config_json(
           config_.model, unified && !skip_model && options.model_dtype == DType::BF16 ? "bfloat16" : "float32");
@@ -380,7 +369,8 @@ void Checkpointer::finish_in_flight() {
   run_on_every_rank(world_, [&] {
     if (world_.rank() != 0) return;
     const std::string dir = f->pending->path().string();
-    write_text((fs::path(dir) / checkpoint::trainer_state_file_name).string(), f->state.dump(2) + "\n");
+    write_text((fs::path(dir) / checkpoint::trainer_state_file_name).string(),
+               checkpoint::trainer_state_text(f->state));
     files.emplace_back(checkpoint::trainer_state_file_name);
     if (!f->hf_config.empty()) {
       write_text(dir + "/" + kHfConfig, f->hf_config);
@@ -551,28 +541,16 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
   const CheckpointConfig& c = config_.checkpoint;
   const auto t0 = Clock::now();
   ResumePoint point{0, 0, path};
-  json state;
+  checkpoint::TrainerState state;
   int64_t bytes = 0;
-  int64_t optimizer_steps = 0;
   checkpoint::Catalog catalog;
   std::vector<StateEntry> entries = training_state(model_, optimizer_, !init);
   // Nothing but indexes and headers is read before the fit is checked.
   run_on_every_rank(world_, [&] {
     if (!init) {
-      const std::string state_path = (fs::path(path) / checkpoint::trainer_state_file_name).string();
-      std::error_code ec;
-      ST_CHECK(fs::is_regular_file(state_path, ec), "cannot read {} (is {} a checkpoint directory?)", state_path, path);
-      std::ifstream in(state_path);
-      ST_CHECK(in.good(), "cannot read {} (is {} a checkpoint directory?)", state_path, path);
-      try {
-        in >> state;
-      } catch (const json::exception& e) {
-        ST_FAIL("{} is not valid JSON: {}", state_path, e.what());
-      }
-      ST_CHECK(state.is_object(), "{} is not a JSON object", state_path);
-      point.step = state_count(state, "step", state_path);
-      point.consumed = state_count(state, "consumed_samples", state_path);
-      optimizer_steps = state_count(state, "optimizer_steps", state_path);
+      state = checkpoint::read_trainer_state(path);
+      point.step = state.step;
+      point.consumed = state.consumed_samples;
     }
     catalog = checkpoint::read_catalog(path);
   });
@@ -604,7 +582,7 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
     }
     ST_CHECK(bad.empty(), "{}: {}", path, bad);
   });
-  if (!init) optimizer_.set_step_count(optimizer_steps);
+  if (!init) optimizer_.set_step_count(state.optimizer_steps);
   Tensor total = Tensor::full({1}, static_cast<double>(bytes), DType::F32);
   world_.all_reduce(total).wait();
   const double secs = since(t0);
@@ -617,21 +595,20 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
     // resume reads the master weights instead, so it reads fewer bytes than were saved.
     const bool skipped_model = catalog.has_kind(checkpoint::kModelKind) && catalog.has_kind(checkpoint::kMasterKind);
     log_.info0("resumed from {} (step {}, {} layout, saved by {} rank(s) with {}): {} read in {:.3f} s{}", path,
-               point.step, catalog.format, state.value("world_size", 0),
-               state.value("sharding_strategy", std::string("?")), read, secs,
+               point.step, catalog.format, state.world_size,
+               state.sharding_strategy.empty() ? std::string("?") : state.sharding_strategy, read, secs,
                skipped_model ? " (model weights not read: master weights are)" : "");
     log_schedule_change(state, point.step);
   }
   return point;
 }
 
-void Checkpointer::log_schedule_change(const json& state, int64_t step) {
-  const json schedule = state.value("schedule", json::object());
-  if (!schedule.is_object() || !schedule.contains("next_lr") || !schedule["next_lr"].is_number()) return;
-  const double theirs = schedule["next_lr"].get<double>();
+void Checkpointer::log_schedule_change(const checkpoint::TrainerState& state, int64_t step) {
+  if (!state.schedule) return;
+  const double theirs = state.schedule->next_lr;
   const double ours = optim::learning_rate(config_.optim, step, config_.train.steps);
-  const int64_t their_steps = schedule.value("total_steps", int64_t{0});
-  const std::string their_kind = schedule.value("kind", std::string("?"));
+  const int64_t their_steps = state.schedule->total_steps;
+  const std::string& their_kind = state.schedule->kind;
   const std::string our_kind(to_string(config_.optim.schedule.kind));
   if (their_steps == config_.train.steps && their_kind == our_kind && theirs == ours) return;
   const std::string change =

@@ -9,9 +9,8 @@
 #include <optional>
 #include <string>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "checkpoint/dir_guard.h"
+#include "checkpoint/state.h"
 #include "core/comm.h"
 #include "core/config.h"
 #include "core/log.h"
@@ -108,7 +107,7 @@ class Checkpointer {
   ResumePoint load_from(const std::string& path, bool init);
   // Warns when train.steps or the schedule kind differs from the checkpoint's,
   // with the learning rate of the next step under both.
-  void log_schedule_change(const nlohmann::json& state, int64_t step);
+  void log_schedule_change(const checkpoint::TrainerState& state, int64_t step);
   void check_fit(const std::string& path, const checkpoint::Catalog& catalog, const std::vector<StateEntry>& entries,
                  bool init);
 

@@ -145,11 +145,11 @@ class TempDir {
   bool kept_ = false;
 };
 
-DType model_dtype_of(const TrainerState& state, const std::string& dir) {
-  if (state.model_dtype.empty()) return DType::F32;
-  std::optional<DType> dtype = dtype_from_name(state.model_dtype);
+DType model_dtype_of(const std::optional<checkpoint::TrainerState>& state, const std::string& dir) {
+  if (!state || state->model_dtype.empty()) return DType::F32;
+  std::optional<DType> dtype = dtype_from_name(state->model_dtype);
   ST_CHECK(dtype && *dtype != DType::I32, "{}/{}: model_dtype '{}' is not F32 or BF16", dir, kTrainerStateName,
-           state.model_dtype);
+           state->model_dtype);
   return *dtype;
 }
 
@@ -438,26 +438,6 @@ std::string ckpt_usage() {
 
 // ---- shared -----------------------------------------------------------------------
 
-TrainerState read_trainer_state(const std::string& dir) {
-  TrainerState state;
-  const fs::path path = fs::path(dir) / kTrainerStateName;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return state;
-  const nlohmann::ordered_json json = read_json_object(path);
-  try {
-    state.present = true;
-    state.step = json.value("step", int64_t{-1});
-    state.consumed_samples = json.value("consumed_samples", int64_t{-1});
-    state.world_size = json.value("world_size", int64_t{0});
-    state.sharding_strategy = json.value("sharding_strategy", std::string());
-    state.format = json.value("format", std::string());
-    state.model_dtype = json.value("model_dtype", std::string());
-  } catch (const nlohmann::json::exception& e) {
-    ST_FAIL("{}: a field has the wrong type: {}", path.string(), e.what());
-  }
-  return state;
-}
-
 // ---- inspect ----------------------------------------------------------------------
 
 Inspection inspect_checkpoint(const std::string& path) {
@@ -466,7 +446,7 @@ Inspection inspect_checkpoint(const std::string& path) {
   out.dir = resolved.path;
   out.note = resolved.note;
   out.catalog = checkpoint::read_catalog(out.dir);
-  out.state = read_trainer_state(out.dir);
+  out.state = checkpoint::read_trainer_state_if_present(out.dir);
   checkpoint::CompleteMarker marker = checkpoint::read_complete_marker(out.dir);
   out.marker_step = marker.step;
   out.incomplete = marker.problem.empty() ? checkpoint::incomplete_reason(out.dir, marker.step) : marker.problem;
@@ -481,19 +461,19 @@ std::string inspection_text(const Inspection& in) {
   // directory (loadable by init_from), not a checkpoint that failed to finish.
   const bool hf = cat.format == "huggingface";
   os << (hf ? "Hugging Face model directory " : "checkpoint ") << in.dir << "\n";
-  const int64_t step = in.state.step >= 0 ? in.state.step : in.marker_step;
+  const int64_t step = in.state ? in.state->step : in.marker_step;
   os << "  format       " << cat.format;
   if (cat.world_size > 0) os << ", written by " << cat.world_size << " process(es)";
   os << "\n";
   if (step >= 0) {
     os << "  step         " << step;
-    if (in.state.consumed_samples >= 0) os << " (" << in.state.consumed_samples << " samples consumed)";
+    if (in.state) os << " (" << in.state->consumed_samples << " samples consumed)";
     os << "\n";
   }
-  if (in.state.present) {
-    os << "  trained on   " << in.state.world_size << " rank(s)";
-    if (!in.state.sharding_strategy.empty()) os << ", " << in.state.sharding_strategy;
-    os << ", model dtype " << (in.state.model_dtype.empty() ? "F32" : in.state.model_dtype) << "\n";
+  if (in.state) {
+    os << "  trained on   " << in.state->world_size << " rank(s)";
+    if (!in.state->sharding_strategy.empty()) os << ", " << in.state->sharding_strategy;
+    os << ", model dtype " << (in.state->model_dtype.empty() ? "F32" : in.state->model_dtype) << "\n";
   }
   if (hf)
     os << "  complete     n/a (a model directory, not a training checkpoint: weights only, usable as "
@@ -537,11 +517,11 @@ std::string inspection_json(const Inspection& in) {
   nlohmann::ordered_json j;
   j["dir"] = in.dir;
   j["format"] = cat.format;
-  j["step"] = in.state.step >= 0 ? in.state.step : in.marker_step;
-  j["world_size"] = in.state.world_size > 0 ? in.state.world_size : cat.world_size;
+  j["step"] = in.state ? in.state->step : in.marker_step;
+  j["world_size"] = in.state && in.state->world_size > 0 ? in.state->world_size : cat.world_size;
   j["saver_world_size"] = cat.world_size;
-  j["sharding_strategy"] = in.state.sharding_strategy;
-  j["model_dtype"] = in.state.model_dtype.empty() ? "F32" : in.state.model_dtype;
+  j["sharding_strategy"] = in.state ? in.state->sharding_strategy : std::string();
+  j["model_dtype"] = in.state && !in.state->model_dtype.empty() ? in.state->model_dtype : std::string("F32");
   j["complete"] = in.incomplete.empty();
   if (!in.incomplete.empty()) j["incomplete_reason"] = in.incomplete;
   j["total_bytes"] = cat.total_bytes();
@@ -596,9 +576,9 @@ VerifyReport verify_checkpoint(const std::string& path, int threads) {
       problem(format("{}: COMPLETE is for step {}", dir.filename().string(), marker.step));
   }
   try {
-    TrainerState state = read_trainer_state(report.dir);
-    if (state.present && marker.problem.empty() && state.step != marker.step)
-      problem(format("{}: step {}, but COMPLETE is for step {}", kTrainerStateName, state.step, marker.step));
+    const std::optional<checkpoint::TrainerState> state = checkpoint::read_trainer_state_if_present(report.dir);
+    if (state && marker.problem.empty() && state->step != marker.step)
+      problem(format("{}: step {}, but COMPLETE is for step {}", kTrainerStateName, state->step, marker.step));
   } catch (const Error& e) {
     problem(e.message());
   }
@@ -662,7 +642,7 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
 
   ResolvedDir src;
   Catalog catalog;
-  TrainerState state;
+  std::optional<checkpoint::TrainerState> state;
   int64_t step = 0;
   fs::path out_path;
   run_on_every_rank(group, [&] {
@@ -674,14 +654,14 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
     std::error_code ec;
     ST_CHECK(!fs::exists(out_path, ec), "{} already exists; ckpt convert writes a new directory", out);
     catalog = checkpoint::read_catalog(src.path);
-    state = read_trainer_state(src.path);
+    state = checkpoint::read_trainer_state_if_present(src.path);
     checkpoint::CompleteMarker marker = checkpoint::read_complete_marker(src.path);
     if (catalog.format != "huggingface") {
       std::string reason =
           marker.problem.empty() ? checkpoint::incomplete_reason(src.path, marker.step) : marker.problem;
       ST_CHECK(reason.empty(), "{} is not a complete checkpoint ({}); see ckpt verify", src.path, reason);
     }
-    step = state.step >= 0 ? state.step : std::max<int64_t>(marker.step, 0);
+    step = state ? state->step : std::max<int64_t>(marker.step, 0);
   });
   const DType model_dtype = model_dtype_of(state, src.path);  // same answer on every rank
 
@@ -741,13 +721,13 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
       if (is_layout_file(f.name) || f.name.starts_with(".")) continue;
       const fs::path from = fs::path(src.path) / f.name;
       const fs::path dest = tmp->path() / f.name;
-      if (f.name == kTrainerStateName) {
-        // What the output holds, in the trainer's terms (launch/checkpointing.cpp).
-        nlohmann::ordered_json json = read_json_object(from);
-        json["format"] = layout_name(to);
-        json["model_weights"] = to == Layout::Unified;
-        json["master_weights"] = to == Layout::Sharded || options.master_weights;
-        write_json(dest, json);
+      if (f.name == kTrainerStateName && state) {
+        // What the output holds, in the trainer's terms.
+        checkpoint::TrainerState converted = *state;
+        converted.format = layout_name(to);
+        converted.model_weights = to == Layout::Unified;
+        converted.master_weights = to == Layout::Sharded || options.master_weights;
+        checkpoint::write_file_synced(dest, checkpoint::trainer_state_text(converted));
       } else if (f.name == kHfConfigName) {
         // Hugging Face tools load the model-* weights in torch_dtype.
         nlohmann::ordered_json json = read_json_object(from);

@@ -11,11 +11,13 @@
 // checkpoint index), or a checkpoint root: then the checkpoint that
 // `--resume auto` would load (choose_resume), and ckpt says which it took.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/commit.h"
+#include "checkpoint/state.h"
 #include "core/comm.h"
 
 namespace st::launch {
@@ -40,20 +42,6 @@ std::string ckpt_usage();
 using checkpoint::resolve_checkpoint_dir;
 using checkpoint::ResolvedDir;
 
-/// What trainer_state.json says (the fields ckpt uses); defaults when absent.
-struct TrainerState {
-  bool present = false;
-  int64_t step = -1;
-  int64_t consumed_samples = -1;
-  int64_t world_size = 0;  // of the training run that saved
-  std::string sharding_strategy;
-  std::string format;  // "unified" or "sharded"
-  std::string model_dtype;
-};
-/// Reads dir/trainer_state.json; `present` is false when there is none.
-/// Throws naming the file when it exists but is not a JSON object.
-TrainerState read_trainer_state(const std::string& dir);
-
 /// One file of a checkpoint directory.
 struct DirFile {
   std::string name;
@@ -65,8 +53,8 @@ struct Inspection {
   std::string dir;
   std::string note;  // from resolve_checkpoint_dir
   checkpoint::Catalog catalog;
-  TrainerState state;
-  std::string incomplete;  // why the checkpoint is not complete (commit.h); empty when it is
+  std::optional<checkpoint::TrainerState> state;  // nullopt: no trainer_state.json (a model directory)
+  std::string incomplete;                         // why the checkpoint is not complete (commit.h); empty when it is
   int64_t marker_step = -1;
   std::vector<DirFile> files;  // regular files in the directory, by name
 };

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "checkpoint/commit.h"
+#include "checkpoint/state.h"
 #include "core/error.h"
 #include "tests/test_util.h"
 
@@ -322,6 +323,68 @@ TEST(Resolve, NotADirectoryOrNoCompleteCheckpointIsAnError) {
   const std::string root = tmp.path().string();
   EXPECT_EQ(error_of([&] { resolve_checkpoint_dir(root); }),
             root + " is a checkpoint root without a complete checkpoint");
+}
+
+TEST(TrainerStateFile, RoundTripsEveryField) {
+  TrainerState s;
+  s.step = 42;
+  s.consumed_samples = 336;
+  s.optimizer_steps = 41;
+  s.world_size = 4;
+  s.sharding_strategy = "HYBRID_SHARD";
+  s.format = "sharded";
+  s.model_dtype = "BF16";
+  s.model_weights = false;
+  s.master_weights = true;
+  s.seed = 1234;
+  s.schedule = ScheduleState{"cosine", 60, 2.5e-4};
+  s.config_yaml = "model:\n  name: llama\n";
+  const TrainerState back = parse_trainer_state(trainer_state_text(s), "x");
+  EXPECT_EQ(trainer_state_text(back), trainer_state_text(s));
+  EXPECT_EQ(back.step, 42);
+  EXPECT_EQ(back.consumed_samples, 336);
+  EXPECT_EQ(back.optimizer_steps, 41);
+  EXPECT_EQ(back.sharding_strategy, "HYBRID_SHARD");
+  ASSERT_TRUE(back.schedule);
+  EXPECT_EQ(back.schedule->next_lr, 2.5e-4);
+  EXPECT_EQ(back.config_yaml, s.config_yaml);
+}
+
+TEST(TrainerStateFile, CorruptCountsAreNamed) {
+  const std::string ok = R"({"step": 3, "consumed_samples": 24, "optimizer_steps": 3})";
+  EXPECT_EQ(parse_trainer_state(ok, "f").step, 3);
+  EXPECT_EQ(error_of([] { parse_trainer_state(R"({"step": -5, "consumed_samples": 0, "optimizer_steps": 0})", "f"); }),
+            "f is corrupt: 'step' is -5, expected a non-negative integer");
+  EXPECT_EQ(
+      error_of([] { parse_trainer_state(R"({"step": 1e30, "consumed_samples": 0, "optimizer_steps": 0})", "f"); }),
+      "f is corrupt: 'step' is 1e+30, expected a non-negative integer");
+  EXPECT_EQ(error_of([] { parse_trainer_state(R"({"step": 1, "optimizer_steps": 0})", "f"); }),
+            "f lacks 'consumed_samples'");
+  EXPECT_EQ(error_of([] { parse_trainer_state("[1, 2]", "f"); }), "f is not a JSON object");
+  EXPECT_TRUE(contains(error_of([] { parse_trainer_state("{", "f"); }), "f is not valid JSON"));
+  EXPECT_EQ(error_of([] {
+              parse_trainer_state(R"({"step": 1, "consumed_samples": 0, "optimizer_steps": 0, "world_size": "x"})",
+                                  "f");
+            }),
+            "f is corrupt: 'world_size' is \"x\", of the wrong type");
+}
+
+TEST(TrainerStateFile, ReadsTheFilesOfAnEarlierVersion) {
+  // Written by commit f069d83's trainer (tests/data/ckpt-v1-*): step 2 of a 1-rank FULL_SHARD run.
+  for (const char* dir : {"tests/data/ckpt-v1-unified", "tests/data/ckpt-v1-sharded"}) {
+    const TrainerState s = read_trainer_state(dir);
+    EXPECT_EQ(s.step, 2) << dir;
+    EXPECT_EQ(s.consumed_samples, 4) << dir;
+    EXPECT_EQ(s.optimizer_steps, 2) << dir;
+    EXPECT_EQ(s.world_size, 1) << dir;
+    EXPECT_EQ(s.sharding_strategy, "FULL_SHARD") << dir;
+    EXPECT_EQ(s.seed, 1234) << dir;
+    ASSERT_TRUE(s.schedule) << dir;
+    EXPECT_EQ(s.schedule->total_steps, 4) << dir;
+  }
+  EXPECT_EQ(read_trainer_state("tests/data/ckpt-v1-unified").format, "unified");
+  EXPECT_EQ(read_trainer_state("tests/data/ckpt-v1-sharded").format, "sharded");
+  EXPECT_EQ(read_trainer_state_if_present("tests"), std::nullopt);
 }
 
 TEST(Retention, KeepsNewestAndLatestTarget) {
