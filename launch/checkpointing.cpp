@@ -16,6 +16,7 @@
 #include "checkpoint/checksum.h"
 #include "checkpoint/commit.h"
 #include "core/error.h"
+#include "models/hf_config.h"
 
 namespace st::launch {
 
@@ -24,8 +25,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-constexpr const char* kHfConfig = "config.json";
 
 constexpr std::string_view kSkipModelWeight = "skip_save_model_weight";
 constexpr std::string_view kMasterCompatible = "master_weight_compatible";
@@ -150,31 +149,6 @@ std::string nonfinite_problem(const std::vector<StateEntry>& entries) {
 }
 
 }  // namespace
-
-std::string hf_llama_config_json(const ModelConfig& m, std::string_view torch_dtype) {
-  json j{{"architectures", {"LlamaForCausalLM"}},
-         {"model_type", "llama"},
-         {"vocab_size", m.vocab_size},
-         {"hidden_size", m.hidden_size},
-         {"intermediate_size", m.intermediate_size},
-         {"num_hidden_layers", m.num_hidden_layers},
-         {"num_attention_heads", m.num_attention_heads},
-         {"num_key_value_heads", m.num_key_value_heads},
-         {"head_dim", m.hidden_size / m.num_attention_heads},
-         {"max_position_embeddings", m.max_position_embeddings},
-         {"rope_theta", m.rope_theta},
-         {"rope_scaling", nullptr},
-         {"rms_norm_eps", m.rms_norm_eps},
-         {"hidden_act", "silu"},
-         {"attention_bias", false},
-         {"attention_dropout", 0.0},
-         {"mlp_bias", false},
-         {"initializer_range", m.init_std},
-         {"tie_word_embeddings", m.tie_word_embeddings},
-         {"use_cache", true},
-         {"torch_dtype", torch_dtype}};
-  return j.dump(2) + "\n";
-}
 
 std::string effective_resume(const Config& config, const std::string& requested, bool overwrite) {
   if (overwrite) return "never";
@@ -329,8 +303,8 @@ void Checkpointer::save(int64_t step, int64_t consumed) {
                                            optim::learning_rate(config_.optim, step, config_.train.steps)};
     s.config_yaml = to_yaml(config_);
     if (config_.model.name == "llama")
-      f->hf_config = hf_llama_config_json(
-          config_.model, unified && !skip_model && options.model_dtype == DType::BF16 ? "bfloat16" : "float32");
+      f->hf_config = models::hf_llama_config_json(
+          config_.model, models::hf_torch_dtype(unified && !skip_model ? options.model_dtype : DType::F32));
   }
   f->blocking_s = since(f->start);
   InFlight* raw = f.get();
@@ -373,8 +347,8 @@ void Checkpointer::finish_in_flight() {
                checkpoint::trainer_state_text(f->state));
     files.emplace_back(checkpoint::trainer_state_file_name);
     if (!f->hf_config.empty()) {
-      write_text(dir + "/" + kHfConfig, f->hf_config);
-      files.emplace_back(kHfConfig);
+      write_text((fs::path(dir) / models::kHfConfigName).string(), f->hf_config);
+      files.emplace_back(models::kHfConfigName);
     }
     f->pending->commit(files);
     deleted = checkpoint::apply_retention(config_.checkpoint.dir, config_.checkpoint.keep_last);
@@ -449,38 +423,16 @@ std::set<std::pair<std::string, std::string>> all_entry_ids(const std::vector<St
 }
 
 // Differences between a checkpoint's config.json and the run's model.* keys
-// (the fields that decide the tensors or their meaning).
+// (none for a directory without one, or a model other than llama).
 std::vector<std::string> config_differences(const std::string& dir, const ModelConfig& m) {
-  const fs::path path = fs::path(dir) / kHfConfig;
+  const fs::path path = fs::path(dir) / models::kHfConfigName;
   std::error_code ec;
   if (m.name != "llama" || !fs::is_regular_file(path, ec)) return {};
-  json hf;
-  std::ifstream in(path);
-  try {
-    in >> hf;
-  } catch (const json::exception& e) {
-    ST_FAIL("{} is not valid JSON: {}", path.string(), e.what());
-  }
-  ST_CHECK(hf.is_object(), "{} is not a JSON object", path.string());
-  std::vector<std::string> out;
-  auto compare = [&](const char* hf_key, const char* our_key, const json& ours, const json& fallback) {
-    const json theirs = hf.contains(hf_key) ? hf.at(hf_key) : fallback;
-    if (theirs.is_null()) return;
-    const bool same =
-        theirs.is_number() && ours.is_number() ? theirs.get<double>() == ours.get<double>() : theirs == ours;
-    if (!same) out.push_back(format("{} {} (model.{} {})", hf_key, theirs.dump(), our_key, ours.dump()));
-  };
-  compare("vocab_size", "vocab_size", m.vocab_size, nullptr);
-  compare("hidden_size", "hidden_size", m.hidden_size, nullptr);
-  compare("intermediate_size", "intermediate_size", m.intermediate_size, nullptr);
-  compare("num_hidden_layers", "num_hidden_layers", m.num_hidden_layers, nullptr);
-  compare("num_attention_heads", "num_attention_heads", m.num_attention_heads, nullptr);
-  // Hugging Face's defaults where a config.json leaves a key out.
-  compare("num_key_value_heads", "num_key_value_heads", m.num_key_value_heads,
-          hf.value("num_attention_heads", json(nullptr)));
-  compare("tie_word_embeddings", "tie_word_embeddings", m.tie_word_embeddings, false);
-  compare("rope_theta", "rope_theta", m.rope_theta, 10000.0);
-  return out;
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  ST_CHECK(in.good() || in.eof(), "cannot read {}", path.string());
+  return models::hf_config_differences(text.str(), m, path.string());
 }
 
 }  // namespace

@@ -119,7 +119,4 @@ class Checkpointer {
   std::unique_ptr<InFlight> in_flight_;
 };
 
-/// The Hugging Face config.json of a llama model config ("LlamaForCausalLM").
-std::string hf_llama_config_json(const ModelConfig& model, std::string_view torch_dtype);
-
 }  // namespace st::launch

@@ -25,6 +25,7 @@
 #include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "models/hf_config.h"
 
 namespace st::launch {
 
@@ -37,7 +38,6 @@ using checkpoint::StoredTensor;
 namespace {
 
 constexpr std::string_view kTrainerStateName = checkpoint::trainer_state_file_name;
-constexpr const char* kHfConfigName = "config.json";
 
 std::string hex8(uint32_t v) {
   char buf[16];
@@ -164,13 +164,6 @@ nlohmann::ordered_json read_json_object(const fs::path& path) {
   }
   ST_CHECK(json.is_object(), "{} is not a JSON object", path.string());
   return json;
-}
-
-void write_json(const fs::path& path, const nlohmann::ordered_json& json) {
-  std::ofstream out(path);
-  out << json.dump(2) << "\n";
-  out.close();
-  ST_CHECK(out.good(), "cannot write {}", path.string());
 }
 
 std::string layout_name(Layout layout) { return layout == Layout::Unified ? "unified" : "sharded"; }
@@ -728,12 +721,12 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
         converted.model_weights = to == Layout::Unified;
         converted.master_weights = to == Layout::Sharded || options.master_weights;
         checkpoint::write_file_synced(dest, checkpoint::trainer_state_text(converted));
-      } else if (f.name == kHfConfigName) {
+      } else if (f.name == models::kHfConfigName) {
         // Hugging Face tools load the model-* weights in torch_dtype.
-        nlohmann::ordered_json json = read_json_object(from);
-        if (json.contains("torch_dtype"))
-          json["torch_dtype"] = to == Layout::Unified && model_dtype == DType::BF16 ? "bfloat16" : "float32";
-        write_json(dest, json);
+        const std::string text = models::hf_config_with_torch_dtype(
+            read_json_object(from).dump(), models::hf_torch_dtype(to == Layout::Unified ? model_dtype : DType::F32),
+            from.string());
+        checkpoint::write_file_synced(dest, text);
       } else {
         std::error_code ec;
         fs::copy_file(from, dest, ec);

@@ -11,7 +11,9 @@
 
 #include <gtest/gtest.h>
 
+#include "core/format.h"
 #include "core/ops.h"
+#include "models/hf_config.h"
 #include "models/layers.h"
 #include "models/llama.h"
 #include "models/model.h"
@@ -741,6 +743,40 @@ TEST(Saved, BackwardReleasesSavedState) {
   lin.release_saved_recursive();
   msg = test::error_of([&] { lin.backward(dy); });
   EXPECT_NE(msg.find("without a saved forward"), std::string::npos) << msg;
+}
+
+TEST(HfConfig, WrittenConfigAgreesWithItsModelAndNamesEachDifference) {
+  const ModelConfig m = tiny_llama(2);
+  const std::string text = hf_llama_config_json(m, hf_torch_dtype(DType::BF16));
+  EXPECT_NE(text.find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
+  EXPECT_NE(text.find("\"architectures\": [\n    \"LlamaForCausalLM\"\n  ]"), std::string::npos);
+  EXPECT_TRUE(hf_config_differences(text, m, "config.json").empty());
+  ModelConfig other = m;
+  other.num_hidden_layers = 1;
+  other.rope_theta = 500000.0;
+  EXPECT_EQ(hf_config_differences(text, other, "config.json"),
+            (std::vector<std::string>{"num_hidden_layers 2 (model.num_hidden_layers 1)",
+                                      "rope_theta 10000.0 (model.rope_theta 500000.0)"}));
+  // Hugging Face's defaults stand in for absent keys: kv heads = heads, untied, rope_theta 1e4.
+  const std::string minimal = format(
+      R"({{"vocab_size": {}, "hidden_size": {}, "intermediate_size": {}, "num_hidden_layers": {},
+          "num_attention_heads": {}}})",
+      m.vocab_size, m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads);
+  // tiny_llama has 4 heads sharing 2 kv heads; the default (absent key) is one kv head per head.
+  EXPECT_EQ(hf_config_differences(minimal, m, "c"),
+            (std::vector<std::string>{"num_key_value_heads 4 (model.num_key_value_heads 2)"}));
+  ModelConfig mha = m;
+  mha.num_key_value_heads = m.num_attention_heads;
+  EXPECT_TRUE(hf_config_differences(minimal, mha, "c").empty());
+  EXPECT_EQ(test::error_of([&] { hf_config_differences("[]", m, "dir/config.json"); }),
+            "dir/config.json is not a JSON object");
+}
+
+TEST(HfConfig, TorchDtypeIsReplacedAndEverythingElseKept) {
+  const std::string foreign = R"({"zeta": 1, "torch_dtype": "bfloat16", "alpha": [2, 3]})";
+  EXPECT_EQ(hf_config_with_torch_dtype(foreign, hf_torch_dtype(DType::F32), "c"),
+            "{\n  \"zeta\": 1,\n  \"torch_dtype\": \"float32\",\n  \"alpha\": [\n    2,\n    3\n  ]\n}\n");
+  EXPECT_EQ(hf_config_with_torch_dtype(R"({"a": 1})", "bfloat16", "c"), "{\n  \"a\": 1\n}\n");
 }
 
 }  // namespace
