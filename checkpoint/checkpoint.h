@@ -63,6 +63,13 @@ struct SaveOptions {
   int64_t exchange_bytes = int64_t{256} << 20;
 };
 
+/// Whether a unified save also writes master_weights-* files: F32 model-*
+/// files are the master weights, so with them a second copy would store the
+/// same bytes twice (a load takes masters from F32 model weights).
+inline bool unified_needs_master_files(bool model_weights, DType model_dtype) {
+  return !model_weights || model_dtype != DType::F32;
+}
+
 /// "model-00002-of-00004.safetensors".
 std::string unified_file_name(std::string_view family, int k, int n);
 

@@ -238,7 +238,7 @@ Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, opti
   const DType dtype = model_dtype(config);
   int64_t per_param = 4 * static_cast<int64_t>(model.segments().empty() ? 0 : optimizer.state(0).size());
   if (unified && !skip_model) per_param += static_cast<int64_t>(dtype_size(dtype));
-  if (!unified || skip_model || dtype != DType::F32) per_param += 4;
+  if (!unified || checkpoint::unified_needs_master_files(!skip_model, dtype)) per_param += 4;
   const int64_t need = per_param * num_parameters;
   run_on_every_rank(world_, [&] {
     const int64_t free = checkpoint::free_bytes(c.dir);
@@ -277,8 +277,7 @@ void Checkpointer::save(int64_t step, int64_t consumed) {
   options.layout = unified ? checkpoint::Layout::Unified : checkpoint::Layout::Sharded;
   options.model_dtype = model_dtype(config_);
   options.model_weights = !skip_model;
-  // F32 model weights are the master weights: writing both would store them twice.
-  options.master_weights = skip_model || options.model_dtype != DType::F32;
+  options.master_weights = checkpoint::unified_needs_master_files(options.model_weights, options.model_dtype);
   std::vector<StateEntry> entries = training_state(model_, optimizer_, true);
   // Device state is copied to the host here, and that copy is already private to this save.
   const bool on_device = any_on_device(entries);

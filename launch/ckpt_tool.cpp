@@ -703,7 +703,7 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
   checkpoint::SaveOptions options;
   options.layout = to;
   options.model_weights = true;
-  options.master_weights = model_dtype != DType::F32;  // F32 model-* files are the master weights
+  options.master_weights = checkpoint::unified_needs_master_files(options.model_weights, model_dtype);
   options.model_dtype = model_dtype;
   std::vector<std::string> written;
   run_on_every_rank(group, [&] { written = checkpoint::save(tmp_name, entries, options, group); });
