@@ -61,6 +61,7 @@ using checkpoint::errno_text;
 using checkpoint::fsync_fd;
 using checkpoint::fsync_path;
 using checkpoint::Layout;
+using checkpoint::layout_name;
 using checkpoint::PathKind;
 using checkpoint::UniqueFd;
 using checkpoint::write_all;
@@ -100,8 +101,6 @@ constexpr std::string_view kUsage =
     "                   (default off, as the trainer's synchronous save)\n"
     "  --settle S       sync, then S seconds of quiet before each measurement (default 2)\n"
     "  --keep           do not delete the files at the end\n";
-
-std::string layout_name(Layout l) { return l == Layout::Unified ? "unified" : "sharded"; }
 
 Args parse_args(const std::vector<std::string>& argv) {
   Args a;
@@ -144,8 +143,9 @@ Args parse_args(const std::vector<std::string>& argv) {
       while (start <= list.size()) {
         size_t comma = std::min(list.find(',', start), list.size());
         std::string name = list.substr(start, comma - start);
-        ST_CHECK(name == "unified" || name == "sharded", "--layouts: unknown layout '{}' (unified, sharded)", name);
-        a.layouts.push_back(name == "unified" ? Layout::Unified : Layout::Sharded);
+        const std::optional<Layout> layout = checkpoint::parse_layout(name);
+        ST_CHECK(layout.has_value(), "--layouts: unknown layout '{}' (unified, sharded)", name);
+        a.layouts.push_back(*layout);
         start = comma + 1;
       }
     } else if (flag == "--unified-model") {
@@ -579,9 +579,9 @@ class Bench {
     figs.push_back({"raw", "write+fsync", total_bytes_, {}, {}, 0});
     figs.push_back({"raw", "read", total_bytes_, {}, {}, 0});
     for (Layout l : args_.layouts) {
-      figs.push_back({layout_name(l), "save", total_bytes_, {}, {}, 0});
-      figs.push_back({layout_name(l), "load", total_bytes_, {}, {}, 0});
-      figs.push_back({layout_name(l), "load resharded", total_bytes_, {}, {}, 0});
+      figs.push_back({std::string(layout_name(l)), "save", total_bytes_, {}, {}, 0});
+      figs.push_back({std::string(layout_name(l)), "load", total_bytes_, {}, {}, 0});
+      figs.push_back({std::string(layout_name(l)), "load resharded", total_bytes_, {}, {}, 0});
     }
     std::vector<Figure> memory{{"memory", "fresh pages", 0, {}, {}, 0}, {"memory", "touched pages", 0, {}, {}, 0}};
     // Interleaved repeats: a drift of the disk (burst credits, background
@@ -692,7 +692,7 @@ class Bench {
     std::vector<double> parts = max_over_ranks(g_, {stage, write, stage + write});
     parts[2] = secs - parts[2];
     save.phases.push_back(parts);
-    if (g_.rank() == 0) written_[layout_name(layout)] = bytes_on_disk(dir);
+    if (g_.rank() == 0) written_[std::string(layout_name(layout))] = bytes_on_disk(dir);
 
     // Into the saved state itself, as a trainer resumes: the next save writes
     // what this load filled in, after it was checked.

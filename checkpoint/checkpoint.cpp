@@ -176,6 +176,14 @@ struct PlannedFile {
 
 }  // namespace
 
+std::string_view layout_name(Layout layout) { return layout == Layout::Unified ? "unified" : "sharded"; }
+
+std::optional<Layout> parse_layout(std::string_view name) {
+  if (name == layout_name(Layout::Unified)) return Layout::Unified;
+  if (name == layout_name(Layout::Sharded)) return Layout::Sharded;
+  return std::nullopt;
+}
+
 std::string unified_file_name(std::string_view family, int k, int n) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "-%05d-of-%05d.safetensors", k, n);
@@ -555,7 +563,7 @@ void read_sharded_catalog(Catalog& cat, const std::string& index_path) {
            index_path, kShardedFormat);
   ST_CHECK(index.value("version", -1) == kShardedVersion, "'{}': unsupported version {} (this build reads {})",
            index_path, index.value("version", -1), kShardedVersion);
-  cat.format = "sharded";
+  cat.format = layout_name(Layout::Sharded);
   try {
     cat.world_size = index.value("world_size", 0);
     for (const auto& [fqn, kinds] : index.at("tensors").items()) {
@@ -610,7 +618,7 @@ void read_hf_family(Catalog& cat, const std::string& index_path, const std::stri
     SafetensorsFile f(join_path(cat.dir, single_file));
     for (const std::string& key : f.names()) weight_map[key] = single_file;
   }
-  if (ours && cat.format.empty()) cat.format = "unified";
+  if (ours && cat.format.empty()) cat.format = layout_name(Layout::Unified);
   if (!ours) cat.format = "huggingface";
 
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -37,6 +38,11 @@
 namespace st::checkpoint {
 
 enum class Layout : uint8_t { Unified, Sharded };
+/// "unified" or "sharded": the layout's one spelling, in trainer_state.json,
+/// Catalog::format, log lines and command lines.
+std::string_view layout_name(Layout layout);
+/// The layout spelled `name`; nullopt for any other text.
+std::optional<Layout> parse_layout(std::string_view name);
 
 inline constexpr std::string_view kUnifiedFormat = "shardtrain-unified";
 inline constexpr int kUnifiedVersion = 1;

@@ -51,7 +51,8 @@ void save_sharded(const std::string& dir, std::span<const StateEntry> entries, P
 
 void load_sharded(const std::string& dir, std::span<StateEntry> entries, Verify verify) {
   Catalog catalog = read_catalog(dir);
-  ST_CHECK(catalog.format == "sharded", "'{}' holds a {} checkpoint, not a sharded one", dir, catalog.format);
+  ST_CHECK(catalog.format == layout_name(Layout::Sharded), "'{}' holds a {} checkpoint, not a sharded one", dir,
+           catalog.format);
   load_entries(catalog, entries, LoadOptions{.verify = verify == Verify::Yes});
 }
 

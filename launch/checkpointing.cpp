@@ -293,7 +293,7 @@ void Checkpointer::save(int64_t step, int64_t consumed) {
     s.optimizer_steps = optimizer_.step_count();
     s.world_size = world_.size();
     s.sharding_strategy = std::string(to_string(config_.fsdp.sharding_strategy));
-    s.format = unified ? "unified" : "sharded";
+    s.format = checkpoint::layout_name(options.layout);
     s.model_dtype = std::string(dtype_name(options.model_dtype));
     s.model_weights = unified && options.model_weights;
     s.master_weights = !unified || options.master_weights;
@@ -353,11 +353,13 @@ void Checkpointer::finish_in_flight() {
     deleted = checkpoint::apply_retention(config_.checkpoint.dir, config_.checkpoint.keep_last);
   });
   const double secs = since(f->start);
-  log_.info0("saved checkpoint {}/{} ({}{}): {} in {:.3f} s ({:.3f} GB/s), training blocked {:.3f} s",
-             config_.checkpoint.dir, checkpoint::step_dir_name(f->step),
-             config_.checkpoint.format == CheckpointFormat::Unified ? "unified" : "sharded",
-             config_.checkpoint.async ? ", async" : "", human_bytes(f->total_bytes), secs,
-             static_cast<double>(f->total_bytes) / secs / 1e9, config_.checkpoint.async ? f->blocking_s : secs);
+  log_.info0(
+      "saved checkpoint {}/{} ({}{}): {} in {:.3f} s ({:.3f} GB/s), training blocked {:.3f} s", config_.checkpoint.dir,
+      checkpoint::step_dir_name(f->step),
+      checkpoint::layout_name(config_.checkpoint.format == CheckpointFormat::Unified ? checkpoint::Layout::Unified
+                                                                                     : checkpoint::Layout::Sharded),
+      config_.checkpoint.async ? ", async" : "", human_bytes(f->total_bytes), secs,
+      static_cast<double>(f->total_bytes) / secs / 1e9, config_.checkpoint.async ? f->blocking_s : secs);
   if (!deleted.empty())
     log_.info0("checkpoint.keep_last {}: deleted {}", config_.checkpoint.keep_last, join(deleted, ", "));
 }

@@ -166,8 +166,6 @@ nlohmann::ordered_json read_json_object(const fs::path& path) {
   return json;
 }
 
-std::string layout_name(Layout layout) { return layout == Layout::Unified ? "unified" : "sharded"; }
-
 // ---- verify ------------------------------------------------------------------
 
 /// What checking the chunks of one data file found.
@@ -385,8 +383,9 @@ CkptArgs parse_ckpt_args(const std::vector<std::string>& argv) {
       args.json = true;
     } else if (flag == "--to" && args.command == CkptCommand::Convert) {
       std::string to = take_value();
-      ST_CHECK(to == "unified" || to == "sharded", "--to {}: expected unified or sharded", to);
-      args.to = to == "unified" ? Layout::Unified : Layout::Sharded;
+      const std::optional<Layout> layout = checkpoint::parse_layout(to);
+      ST_CHECK(layout.has_value(), "--to {}: expected unified or sharded", to);
+      args.to = *layout;
       have_to = true;
     } else if (flag == "--threads" && args.command == CkptCommand::Verify) {
       std::string n = take_value();
@@ -717,7 +716,7 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
       if (f.name == kTrainerStateName && state) {
         // What the output holds, in the trainer's terms.
         checkpoint::TrainerState converted = *state;
-        converted.format = layout_name(to);
+        converted.format = checkpoint::layout_name(to);
         converted.model_weights = to == Layout::Unified;
         converted.master_weights = to == Layout::Sharded || options.master_weights;
         checkpoint::write_file_synced(dest, checkpoint::trainer_state_text(converted));
@@ -741,7 +740,7 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
   });
   if (rank != 0) return "";
   return format("converted {} ({}, {} process(es)) to {} ({}) with {} process(es): {} tensors, {}", src.path,
-                catalog.format, catalog.world_size, out_path.string(), layout_name(to), world, tensors,
+                catalog.format, catalog.world_size, out_path.string(), checkpoint::layout_name(to), world, tensors,
                 human_bytes(catalog.total_bytes()));
 }
 
