@@ -335,6 +335,30 @@ std::vector<int64_t> complete_steps(const fs::path& root) {
   return steps;
 }
 
+std::optional<std::string> resume_newest_loadable(const fs::path& root,
+                                                  const std::function<void(const std::string& path)>& load,
+                                                  const std::function<void(const std::string& message)>& warn) {
+  const std::optional<ResumeChoice> choice = choose_resume(root);
+  if (!choice) return std::nullopt;
+  if (!choice->note.empty()) warn(choice->note);
+  const std::vector<int64_t> steps = complete_steps(root);
+  std::string path = choice->path;
+  for (auto it = steps.rbegin();; ++it) {
+    if (it != steps.rend() && *it >= choice->step) continue;
+    try {
+      load(path);
+      return path;
+    } catch (const Misfit&) {
+      throw;
+    } catch (const Error& e) {
+      if (it == steps.rend()) throw;
+      const std::string next = (root / step_dir_name(*it)).string();
+      warn(format("{} does not load ({}); falling back to {}", path, e.message(), next));
+      path = next;
+    }
+  }
+}
+
 ResolvedDir resolve_checkpoint_dir(const std::string& path) {
   std::error_code ec;
   ST_CHECK(fs::is_directory(path, ec), "{} is not a directory", path);

@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/error.h"
+
 namespace st::checkpoint {
 
 /// "step-000200": the directory name of `step` (at least 6 digits; step >= 0).
@@ -141,6 +143,25 @@ struct ResumeChoice {
 /// (missing COMPLETE marker); using step-000200". nullopt when root holds no
 /// complete checkpoint.
 std::optional<ResumeChoice> choose_resume(const std::filesystem::path& root);
+
+/// A checkpoint that does not fit the run loading it (another model shape, a
+/// finished run). Unlike a damaged one it is never a reason to fall back to an
+/// older checkpoint: those would not fit either, or would silently undo the
+/// user's choice. Every rank judges the fit on the same files, so every rank
+/// raises the same Misfit: an agreed error, printed once.
+class Misfit : public AgreedError {
+ public:
+  using AgreedError::AgreedError;
+};
+
+/// --resume auto: calls `load` with the checkpoint choose_resume(root) picks;
+/// when that throws for a data reason (a checksum, a damaged file, non-finite
+/// values) `warn` hears why and the next older complete checkpoint is tried,
+/// each once; a Misfit, or a failure of the oldest, propagates. Returns the
+/// path that loaded, or nullopt when root holds no complete checkpoint.
+std::optional<std::string> resume_newest_loadable(const std::filesystem::path& root,
+                                                  const std::function<void(const std::string& path)>& load,
+                                                  const std::function<void(const std::string& message)>& warn);
 
 /// The checkpoint directory a path given by a user stands for.
 struct ResolvedDir {

@@ -98,17 +98,7 @@ std::string resolve_checkpoint_dir(const std::string& path, Logger& log) {
   return resolved.path;
 }
 
-// A checkpoint that does not fit this run (other model shape, finished run).
-// Unlike a damaged one it is never a reason to fall back to an older checkpoint:
-// those would not fit either, or would silently undo the user's choice. Every
-// rank judges the fit on the same files and the whole model's entries, so
-// every rank raises the same Misfit: an agreed error, printed once.
-class Misfit : public AgreedError {
- public:
-  using AgreedError::AgreedError;
-};
-
-[[noreturn]] void throw_misfit(const std::string& message) { throw Misfit(message, __FILE__, __LINE__); }
+[[noreturn]] void throw_misfit(const std::string& message) { throw checkpoint::Misfit(message, __FILE__, __LINE__); }
 
 std::string join(const std::vector<std::string>& parts, std::string_view sep) {
   std::string out;
@@ -377,31 +367,12 @@ void Checkpointer::wait() { finish_in_flight(); }
 std::optional<ResumePoint> Checkpointer::load(const std::string& resume) {
   const CheckpointConfig& c = config_.checkpoint;
   if (resume == "auto") {
-    std::optional<checkpoint::ResumeChoice> choice = checkpoint::choose_resume(c.dir);
-    if (!choice) {
-      log_.info0("--resume auto: no complete checkpoint in {}; starting from step 0", c.dir);
-    } else {
-      if (!choice->note.empty()) log_.warn0("--resume auto: {}", choice->note);
-      // A complete checkpoint that fails to load for a data reason (a checksum,
-      // a damaged file, non-finite values) is reported and skipped for the next
-      // older complete one; each is tried once. One that does not fit the run
-      // (Misfit) ends the run: an older one would not fit either.
-      std::vector<int64_t> steps = checkpoint::complete_steps(c.dir);
-      std::string path = choice->path;
-      for (auto it = steps.rbegin();; ++it) {
-        if (it != steps.rend() && *it >= choice->step) continue;
-        try {
-          return load_from(path, false);
-        } catch (const Misfit&) {
-          throw;
-        } catch (const Error& e) {
-          if (it == steps.rend()) throw;
-          const std::string next = (fs::path(c.dir) / checkpoint::step_dir_name(*it)).string();
-          log_.warn0("--resume auto: {} does not load ({}); falling back to {}", path, e.message(), next);
-          path = next;
-        }
-      }
-    }
+    std::optional<ResumePoint> point;
+    const std::optional<std::string> loaded = checkpoint::resume_newest_loadable(
+        c.dir, [&](const std::string& path) { point = load_from(path, false); },
+        [&](const std::string& message) { log_.warn0("--resume auto: {}", message); });
+    if (loaded) return point;
+    log_.info0("--resume auto: no complete checkpoint in {}; starting from step 0", c.dir);
   } else if (!resume.empty() && resume != "never") {
     return load_from(resolve_checkpoint_dir(resume, log_), false);
   }

@@ -387,6 +387,45 @@ TEST(TrainerStateFile, ReadsTheFilesOfAnEarlierVersion) {
   EXPECT_EQ(read_trainer_state_if_present("tests"), std::nullopt);
 }
 
+TEST(ResumeNewestLoadable, FallsBackOnDamageOnlyAndTriesEachOnce) {
+  TempRoot tmp;
+  for (int64_t step : {100, 200, 300}) save(tmp.path(), step);
+  const std::string s100 = (tmp.path() / "step-000100").string(), s200 = (tmp.path() / "step-000200").string(),
+                    s300 = (tmp.path() / "step-000300").string();
+  std::vector<std::string> tried, warned;
+  auto warn = [&](const std::string& m) { warned.push_back(m); };
+  // The newest fails its checksum: the next older one loads.
+  auto damaged_300 = [&](const std::string& path) {
+    tried.push_back(path);
+    if (path == s300) ST_FAIL("checksum mismatch in '{}'", path);
+  };
+  EXPECT_EQ(resume_newest_loadable(tmp.path(), damaged_300, warn), s200);
+  EXPECT_EQ(tried, (std::vector<std::string>{s300, s200}));
+  ASSERT_EQ(warned.size(), 1u);
+  EXPECT_EQ(warned[0], s300 + " does not load (checksum mismatch in '" + s300 + "'); falling back to " + s200);
+  // A misfit ends it at once: an older checkpoint would not fit either.
+  tried.clear();
+  auto misfit = [&](const std::string& path) {
+    tried.push_back(path);
+    throw Misfit("checkpoint does not fit this run", __FILE__, __LINE__);
+  };
+  EXPECT_EQ(error_of([&] { resume_newest_loadable(tmp.path(), misfit, warn); }), "checkpoint does not fit this run");
+  EXPECT_EQ(tried, (std::vector<std::string>{s300}));
+  // Every one damaged: each tried once, the oldest's error propagates.
+  tried.clear();
+  auto all_damaged = [&](const std::string& path) {
+    tried.push_back(path);
+    ST_FAIL("damaged {}", path);
+  };
+  EXPECT_EQ(error_of([&] { resume_newest_loadable(tmp.path(), all_damaged, warn); }), "damaged " + s100);
+  EXPECT_EQ(tried, (std::vector<std::string>{s300, s200, s100}));
+  // Nothing complete: nullopt, nothing tried.
+  TempRoot empty;
+  tried.clear();
+  EXPECT_EQ(resume_newest_loadable(empty.path(), all_damaged, warn), std::nullopt);
+  EXPECT_TRUE(tried.empty());
+}
+
 TEST(Retention, KeepsNewestAndLatestTarget) {
   TempRoot tmp;
   for (int64_t step : {100, 200, 300, 400, 500}) save(tmp.path(), step);
