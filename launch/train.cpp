@@ -252,9 +252,9 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   const ModelFlops flops = model_flops(config.model, tc.seq_len);
   const DType compute_dtype = config.fsdp.mixed_precision.param_dtype == PrecisionKind::BF16 ? DType::BF16 : DType::F32;
   const double device_peak = device.is_cuda() ? peak_flops(cuda::device_name(device.index), compute_dtype) : 0.0;
-  log.info0("model FLOPs: {:.4g} per {} for training{} ({} matmul parameters); device peak {}",
-            flops.flops_per_token, counts_tokens ? "token" : "sample",
-            counts_tokens ? format(" at seq_len {}", tc.seq_len) : std::string(), flops.matmul_params,
+  log.info0("model FLOPs: {:.4g} per {} for training{} ({} matmul parameters); device peak {}", flops.flops_per_token,
+            counts_tokens ? "token" : "sample", counts_tokens ? format(" at seq_len {}", tc.seq_len) : std::string(),
+            flops.matmul_params,
             device_peak > 0 ? format("{:.0f} TFLOP/s {}", device_peak / 1e12, dtype_name(compute_dtype))
                             : std::string(device.is_cuda() ? "unknown for this GPU, so MFU n/a" : "n/a on the CPU"));
   log.info0("data: {}", dataset->describe());
