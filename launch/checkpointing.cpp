@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checksum.h"
 #include "checkpoint/commit.h"
+#include "checkpoint/fs.h"
 #include "core/error.h"
 #include "models/hf_config.h"
 
@@ -79,11 +80,29 @@ void copy_back(const std::vector<StateEntry>& device_entries, const std::vector<
   }
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  out.close();
-  ST_CHECK(out.good(), "cannot write {}", path);
+checkpoint::Layout layout_of(const CheckpointConfig& c) {
+  return c.format == CheckpointFormat::Unified ? checkpoint::Layout::Unified : checkpoint::Layout::Sharded;
+}
+
+// What trainer_state.json records for a save of `options` after `step`.
+checkpoint::TrainerState trainer_state_of(const Config& config, const checkpoint::SaveOptions& options, int64_t step,
+                                          int64_t consumed, int64_t optimizer_steps, int world_size) {
+  const bool unified = options.layout == checkpoint::Layout::Unified;
+  checkpoint::TrainerState s;
+  s.step = step;
+  s.consumed_samples = consumed;
+  s.optimizer_steps = optimizer_steps;
+  s.world_size = world_size;
+  s.sharding_strategy = std::string(to_string(config.fsdp.sharding_strategy));
+  s.format = checkpoint::layout_name(options.layout);
+  s.model_dtype = std::string(dtype_name(options.model_dtype));
+  s.model_weights = unified && options.model_weights;
+  s.master_weights = !unified || options.master_weights;
+  s.seed = static_cast<int64_t>(config.train.seed);
+  s.schedule = checkpoint::ScheduleState{std::string(to_string(config.optim.schedule.kind)), config.train.steps,
+                                         optim::learning_rate(config.optim, step, config.train.steps)};
+  s.config_yaml = to_yaml(config);
+  return s;
 }
 
 // The checkpoint a user's path stands for (a root stands for the one `latest`
@@ -136,6 +155,26 @@ std::string nonfinite_problem(const std::vector<StateEntry>& entries) {
                     bad.inf, bad.first);
   }
   return {};
+}
+
+// Fills `entries` from `catalog` (through host copies for device state) and
+// refuses non-finite values; returns this rank's bytes.
+int64_t load_into(const checkpoint::Catalog& catalog, std::vector<StateEntry>& entries, const std::string& path,
+                  const checkpoint::LoadOptions& options) {
+  int64_t bytes = 0;
+  for (const StateEntry& e : entries) bytes += static_cast<int64_t>(e.local.nbytes());
+  std::string bad;
+  if (any_on_device(entries)) {
+    std::vector<StateEntry> host = on_host(entries);
+    checkpoint::load_entries(catalog, host, options);
+    bad = nonfinite_problem(host);
+    if (bad.empty()) copy_back(entries, host);
+  } else {
+    checkpoint::load_entries(catalog, entries, options);
+    bad = nonfinite_problem(entries);
+  }
+  ST_CHECK(bad.empty(), "{}: {}", path, bad);
+  return bytes;
 }
 
 }  // namespace
@@ -261,12 +300,10 @@ void Checkpointer::save(int64_t step, int64_t consumed) {
   // Every rank writes into rank 0's temporary directory, named with rank 0's pid.
   tmp = broadcast_string(world_, tmp);
 
-  const bool unified = c.format == CheckpointFormat::Unified;
-  const bool skip_model = has_option(c, kSkipModelWeight);
   checkpoint::SaveOptions options;
-  options.layout = unified ? checkpoint::Layout::Unified : checkpoint::Layout::Sharded;
+  options.layout = layout_of(c);
   options.model_dtype = model_dtype(config_);
-  options.model_weights = !skip_model;
+  options.model_weights = !has_option(c, kSkipModelWeight);
   options.master_weights = checkpoint::unified_needs_master_files(options.model_weights, options.model_dtype);
   std::vector<StateEntry> entries = training_state(model_, optimizer_, true);
   // Device state is copied to the host here, and that copy is already private to this save.
@@ -277,23 +314,11 @@ void Checkpointer::save(int64_t step, int64_t consumed) {
   f->total_bytes = f->staged->total_bytes();
 
   if (world_.rank() == 0) {
-    checkpoint::TrainerState& s = f->state;
-    s.step = step;
-    s.consumed_samples = consumed;
-    s.optimizer_steps = optimizer_.step_count();
-    s.world_size = world_.size();
-    s.sharding_strategy = std::string(to_string(config_.fsdp.sharding_strategy));
-    s.format = checkpoint::layout_name(options.layout);
-    s.model_dtype = std::string(dtype_name(options.model_dtype));
-    s.model_weights = unified && options.model_weights;
-    s.master_weights = !unified || options.master_weights;
-    s.seed = static_cast<int64_t>(config_.train.seed);
-    s.schedule = checkpoint::ScheduleState{std::string(to_string(config_.optim.schedule.kind)), config_.train.steps,
-                                           optim::learning_rate(config_.optim, step, config_.train.steps)};
-    s.config_yaml = to_yaml(config_);
+    f->state = trainer_state_of(config_, options, step, consumed, optimizer_.step_count(), world_.size());
+    const bool bf16_model_files = f->state.model_weights && options.model_dtype == DType::BF16;
     if (config_.model.name == "llama")
-      f->hf_config = models::hf_llama_config_json(
-          config_.model, models::hf_torch_dtype(unified && !skip_model ? options.model_dtype : DType::F32));
+      f->hf_config = models::hf_llama_config_json(config_.model,
+                                                  models::hf_torch_dtype(bf16_model_files ? DType::BF16 : DType::F32));
   }
   f->blocking_s = since(f->start);
   InFlight* raw = f.get();
@@ -332,24 +357,22 @@ void Checkpointer::finish_in_flight() {
   run_on_every_rank(world_, [&] {
     if (world_.rank() != 0) return;
     const std::string dir = f->pending->path().string();
-    write_text((fs::path(dir) / checkpoint::trainer_state_file_name).string(),
-               checkpoint::trainer_state_text(f->state));
+    checkpoint::write_file_synced(fs::path(dir) / checkpoint::trainer_state_file_name,
+                                  checkpoint::trainer_state_text(f->state));
     files.emplace_back(checkpoint::trainer_state_file_name);
     if (!f->hf_config.empty()) {
-      write_text((fs::path(dir) / models::kHfConfigName).string(), f->hf_config);
+      checkpoint::write_file_synced(fs::path(dir) / models::kHfConfigName, f->hf_config);
       files.emplace_back(models::kHfConfigName);
     }
     f->pending->commit(files);
     deleted = checkpoint::apply_retention(config_.checkpoint.dir, config_.checkpoint.keep_last);
   });
   const double secs = since(f->start);
-  log_.info0(
-      "saved checkpoint {}/{} ({}{}): {} in {:.3f} s ({:.3f} GB/s), training blocked {:.3f} s", config_.checkpoint.dir,
-      checkpoint::step_dir_name(f->step),
-      checkpoint::layout_name(config_.checkpoint.format == CheckpointFormat::Unified ? checkpoint::Layout::Unified
-                                                                                     : checkpoint::Layout::Sharded),
-      config_.checkpoint.async ? ", async" : "", human_bytes(f->total_bytes), secs,
-      static_cast<double>(f->total_bytes) / secs / 1e9, config_.checkpoint.async ? f->blocking_s : secs);
+  log_.info0("saved checkpoint {}/{} ({}{}): {} in {:.3f} s ({:.3f} GB/s), training blocked {:.3f} s",
+             config_.checkpoint.dir, checkpoint::step_dir_name(f->step),
+             checkpoint::layout_name(layout_of(config_.checkpoint)), config_.checkpoint.async ? ", async" : "",
+             human_bytes(f->total_bytes), secs, static_cast<double>(f->total_bytes) / secs / 1e9,
+             config_.checkpoint.async ? f->blocking_s : secs);
   if (!deleted.empty())
     log_.info0("checkpoint.keep_last {}: deleted {}", config_.checkpoint.keep_last, join(deleted, ", "));
 }
@@ -493,18 +516,7 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
     options.verify_world = world_.size();
     // Starting from model weights (init_from) may always derive the master weights from them.
     options.master_from_model = init || has_option(c, kMasterCompatible);
-    for (const StateEntry& e : entries) bytes += static_cast<int64_t>(e.local.nbytes());
-    std::string bad;
-    if (any_on_device(entries)) {
-      std::vector<StateEntry> host = on_host(entries);
-      checkpoint::load_entries(catalog, host, options);
-      bad = nonfinite_problem(host);
-      if (bad.empty()) copy_back(entries, host);
-    } else {
-      checkpoint::load_entries(catalog, entries, options);
-      bad = nonfinite_problem(entries);
-    }
-    ST_CHECK(bad.empty(), "{}: {}", path, bad);
+    bytes = load_into(catalog, entries, path, options);
   });
   if (!init) optimizer_.set_step_count(state.optimizer_steps);
   Tensor total = Tensor::full({1}, static_cast<double>(bytes), DType::F32);
