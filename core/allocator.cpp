@@ -45,10 +45,6 @@ class CpuAllocator final : public Allocator {
   static constexpr size_t kMaxCachedBlock = size_t{256} << 20;
   static constexpr size_t kMaxCachedBytes = size_t{1} << 30;
 
-  ~CpuAllocator() override {
-    for (auto& [size, ptr] : free_) std::free(ptr);
-  }
-
   void* allocate(size_t nbytes) override {
     const size_t rounded = rounded_size(nbytes);
     void* p = take_cached(rounded);
@@ -103,9 +99,11 @@ class CpuAllocator final : public Allocator {
 
 Allocator& cpu_allocator() {
   // The one process-wide object in core: host memory is a process resource,
-  // and its counters must see every tensor.
-  static CpuAllocator allocator;
-  return allocator;
+  // and its counters must see every tensor. Never destroyed: its block cache
+  // must outlive any tensor that a static destructor or a detached thread
+  // frees at exit (the process returns the memory then anyway).
+  static CpuAllocator* const allocator = new CpuAllocator();
+  return *allocator;
 }
 
 Allocator& allocator_for(Device device) {
