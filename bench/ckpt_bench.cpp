@@ -713,10 +713,8 @@ class Bench {
       const Clock::time_point t1 = Clock::now();
       checkpoint::LoadOptions lo;
       lo.verify = args_.verify;
-      lo.verify_rank = g_.rank();
-      lo.verify_world = g_.size();
       lo.threads = args_.threads;
-      checkpoint::load_entries(catalog, target.entries, lo);
+      checkpoint::load_entries(catalog, target.entries, lo, g_);
       load_secs = seconds_since(t1);
     }));
     fig.phases.push_back(max_over_ranks(g_, {catalog_secs, load_secs}));

@@ -1,57 +1,30 @@
 #pragma once
-// The checkpoint subsystem's front door: two savers (unified Hugging Face
-// safetensors, DCP-style sharded) and one loader that reads either layout, or a
-// plain Hugging Face model directory, into any partition of the same tensors
+// The checkpoint subsystem's front door: saving StateEntry lists in either
+// layout (index.h describes the files) and loading either layout, or a plain
+// Hugging Face model directory, into any partition of the same tensors
 // (DESIGN.md, "Checkpoint directory").
 //
-// Unified layout (Layout::Unified), N = number of ranks that own tensors of a family:
-//   model-0000k-of-0000N.safetensors + model.safetensors.index.json
-//       kind "master" entries, cast to SaveOptions::model_dtype, keyed by FQN
-//       (what Hugging Face tools load; files carry "__metadata__": {"format": "pt"})
-//   master_weights-0000k-of-0000N.safetensors + master_weights.safetensors.index.json
-//       kind "master" entries in F32, keyed by FQN
-//   optimizer-0000k-of-0000N.safetensors + optimizer.safetensors.index.json
-//       every other kind, keyed "<fqn>.<kind>" (e.g. "...up_proj.weight.exp_avg")
-// Each index is Hugging Face's {"metadata": {"total_size": bytes, ...},
-// "weight_map": {key: file}} plus "crc32c": {key: CRC32C of the stored bytes}
-// and metadata "format": "shardtrain-unified", "version": 1, "world_size".
-// Whole tensors are assigned to owner ranks balanced by bytes; the owners
-// receive the pieces from the ranks that hold them (all_to_allv).
-//
-// Sharded layout (Layout::Sharded): see sharded.h.
-//
-// Pieces that several ranks hold (NO_SHARD / HYBRID_SHARD replicas) are sent or
-// written once, by one of their holders chosen to keep the writing balanced.
+// A save sends no tensor data between ranks: every rank writes the pieces it
+// holds straight into the files that hold their tensors (save.h). Pieces
+// that several ranks hold (NO_SHARD / HYBRID_SHARD replicas) are written
+// once, by one holder chosen to keep the writing balanced. A load reads every
+// byte of the checkpoint at most once per job, and verifies every checksum
+// with the bytes it reads (load.cpp).
 #include <cstdint>
-#include <map>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "checkpoint/sharded.h"
+#include "checkpoint/index.h"
+#include "checkpoint/state.h"
 #include "core/comm.h"
+#include "core/log.h"
 #include "core/state.h"
 
 namespace st::checkpoint {
-
-enum class Layout : uint8_t { Unified, Sharded };
-/// "unified" or "sharded": the layout's one spelling, in trainer_state.json,
-/// Catalog::format, log lines and command lines.
-std::string_view layout_name(Layout layout);
-/// The layout spelled `name`; nullopt for any other text.
-std::optional<Layout> parse_layout(std::string_view name);
-
-inline constexpr std::string_view kUnifiedFormat = "shardtrain-unified";
-inline constexpr int kUnifiedVersion = 1;
-inline constexpr std::string_view kModelIndexName = "model.safetensors.index.json";
-inline constexpr std::string_view kMasterIndexName = "master_weights.safetensors.index.json";
-inline constexpr std::string_view kOptimizerIndexName = "optimizer.safetensors.index.json";
-/// The kind under which a loader sees model weights (model-* files, or a Hugging Face directory).
-inline constexpr std::string_view kModelKind = "model";
-inline constexpr std::string_view kMasterKind = "master";
 
 struct SaveOptions {
   Layout layout = Layout::Unified;
@@ -61,23 +34,11 @@ struct SaveOptions {
   DType model_dtype = DType::F32;  // dtype of the model-* tensors
   // Copy the data this rank writes into buffers of its own during
   // stage_save (needed when the entries change before write(), e.g. an async
-  // save). Without it the sharded saver writes from the entries' memory.
+  // save). Without it write() reads the entries' memory. Device tensors are
+  // always copied to the host in stage_save.
   bool snapshot = true;
-  // Unified: the pieces travel to their owners in rounds of at most this many
-  // bytes sent or received per rank, which bounds the exchange buffers (and
-  // keeps MPI's int counts in range).
-  int64_t exchange_bytes = int64_t{256} << 20;
+  int threads = 2;  // writer threads per rank
 };
-
-/// Whether a unified save also writes master_weights-* files: F32 model-*
-/// files are the master weights, so with them a second copy would store the
-/// same bytes twice (a load takes masters from F32 model weights).
-inline bool unified_needs_master_files(bool model_weights, DType model_dtype) {
-  return !model_weights || model_dtype != DType::F32;
-}
-
-/// "model-00002-of-00004.safetensors".
-std::string unified_file_name(std::string_view family, int k, int n);
 
 /// A save after its collective, blocking part: this rank's share of the data
 /// sits in host buffers it owns, so the entries may change while write() runs.
@@ -94,7 +55,8 @@ class StagedSave {
   /// communication, so it may run on a background thread.
   void write();
   /// Collective over the group given to stage_save, after write(): a failure on
-  /// any rank throws on every rank, naming the rank and the cause. Rank 0 then
+  /// any rank throws on every rank, naming the rank and the cause; so do
+  /// non-finite values in any tensor (they are never committed). Rank 0 then
   /// writes the index files (temp file, fsync, rename). Returns on rank 0 the
   /// names of every file of the checkpoint written so far (for the COMPLETE
   /// marker), on other ranks an empty list.
@@ -108,10 +70,10 @@ class StagedSave {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Collective over `group`, blocking: agrees who writes what, then moves the
-/// data into host buffers of the writing ranks (unified: all_to_allv of the
-/// pieces to the owners). `dir` must exist and be shared by all ranks. The
-/// group must outlive the StagedSave.
+/// Collective over `group`, blocking: agrees who writes what (only the list
+/// of entries travels, never their data) and, with options.snapshot, copies
+/// the data this rank writes into buffers of its own. `dir` must exist and be
+/// shared by all ranks. The group must outlive the StagedSave.
 StagedSave stage_save(const std::string& dir, std::span<const StateEntry> entries, const SaveOptions& options,
                       ProcessGroup& group);
 
@@ -119,53 +81,135 @@ StagedSave stage_save(const std::string& dir, std::span<const StateEntry> entrie
 std::vector<std::string> save(const std::string& dir, std::span<const StateEntry> entries, const SaveOptions& options,
                               ProcessGroup& group);
 
-/// What one tensor of a checkpoint is stored as.
-struct StoredTensor {
-  Shape shape;
-  DType dtype = DType::F32;
-  std::vector<ChunkRecord> chunks;  // unified / Hugging Face: one chunk, the whole tensor
-  bool checksummed = true;          // false for a plain Hugging Face directory
-};
-
-/// Every tensor a checkpoint directory holds, keyed by (FQN, kind).
-struct Catalog {
-  std::string dir;
-  std::string format;  // "unified", "sharded" or "huggingface"
-  int world_size = 0;  // of the saver; 0 when unknown
-  std::map<std::pair<std::string, std::string>, StoredTensor> tensors;
-
-  /// Whether any tensor of `kind` is stored.
-  bool has_kind(std::string_view kind) const;
-  /// Bytes of tensor data stored (each chunk once).
-  int64_t total_bytes() const;
-};
-
-/// Reads the index of a checkpoint in either layout, or of a Hugging Face
-/// model directory (model.safetensors.index.json without our metadata, or a
-/// single model.safetensors); unified/Hugging Face tensor shapes and dtypes
-/// come from the safetensors headers. Throws naming the file at fault.
-Catalog read_catalog(const std::string& dir);
-
 struct LoadOptions {
-  bool verify = true;  // check CRC32C of the chunks this loader verifies
-  // Every checksummed chunk of the catalog is verified, whether a kind is
-  // loaded or not. Chunks are numbered in catalog order; this loader verifies chunk i when
-  // i % verify_world == verify_rank, whether it reads it or not, so that the
-  // ranks of a job together verify each chunk once (the caller shares errors).
-  int verify_rank = 0;
-  int verify_world = 1;
+  // Check the CRC32C of every checksummed chunk of the catalog, whether its
+  // kind is loaded or not: each byte is checksummed where it is read for
+  // loading anyway, and the bytes no rank loads are read for the check alone,
+  // spread over the ranks.
+  bool verify = true;
   // A "master" entry loads from stored "master" data when there is some;
   // otherwise from "model" data: always when that is F32 (exact), and from
   // BF16 model weights only when this is set (master_weight_compatible).
   bool master_from_model = false;
   int threads = 4;  // reader threads
+  // Refuse loaded values that are NaN or Inf (training state must be finite).
+  bool refuse_nonfinite = false;
 };
 
-/// Not collective: fills every entry's `local` from `catalog`, reading only the
-/// overlapping byte ranges and converting F32 <-> BF16 where needed. Throws
-/// naming the tensor, kind, file or element range at fault: a tensor missing
-/// from the checkpoint, a shape that differs from the entry's, a checksum
-/// mismatch, a missing or short file.
+/// Collective over `group`: fills every entry's `local` (host or device) from
+/// `catalog`, reading only the overlapping byte ranges, straight into the
+/// entries when the dtypes match, converting F32 <-> BF16 where they do not.
+/// Throws the same error on every rank, naming the tensor, kind, file or
+/// element range at fault: a tensor missing from the checkpoint, a shape that
+/// differs from the entry's, a checksum mismatch, a missing or short file,
+/// non-finite values (with options.refuse_nonfinite).
+void load_entries(const Catalog& catalog, std::span<StateEntry> entries, const LoadOptions& options,
+                  ProcessGroup& group);
+
+/// The same in one process (the process verifies every chunk itself).
 void load_entries(const Catalog& catalog, std::span<StateEntry> entries, const LoadOptions& options);
+
+// ---- A run's checkpoints: save, commit, retention, async; load, resume -------
+
+/// How a run saves its checkpoints.
+struct RunOptions {
+  std::string root;       // checkpoint.dir: holds step-NNNNNN directories and `latest`
+  SaveOptions save;       // layout, model weights (snapshot follows `async`)
+  bool async = false;     // write in a background thread; training waits only for the host copy
+  int64_t keep_last = 0;  // retention (commit.h, apply_retention); <= 0 keeps all
+};
+
+/// A small file written beside the tensors of a checkpoint (e.g. config.json).
+struct ExtraFile {
+  std::string name;
+  std::string text;
+};
+
+/// Saves one run's checkpoints into RunOptions::root: each into a temporary
+/// directory, committed atomically as step-NNNNNN with trainer_state.json
+/// and a COMPLETE marker, `latest` moved after (commit.h), then retention.
+/// Every method is collective over the group and must be called by all
+/// ranks at the same point.
+class Saver {
+ public:
+  Saver(RunOptions options, ProcessGroup& group, Logger& log);
+  /// Waits for a save still being written, without committing it (only
+  /// wait() and poll() commit: a failing run must not publish).
+  ~Saver();
+  Saver(const Saver&) = delete;
+  Saver& operator=(const Saver&) = delete;
+
+  /// Saves `entries` (host or device memory) after `state.step`. First
+  /// finishes the previous save. trainer_state.json records `state`, with
+  /// format, model_dtype, model_weights and master_weights set from the
+  /// options; `extra` files are written beside it (rank 0's list counts).
+  /// Synchronous: returns when the checkpoint is committed. Async: returns
+  /// once this rank's data is copied to host memory; the files are written
+  /// by a background thread and committed by a later poll(), save() or wait().
+  /// A failure throws on every rank (AgreedError) and never moves `latest`.
+  void save(std::span<const StateEntry> entries, TrainerState state, std::vector<ExtraFile> extra = {});
+  /// Once per step: the maximum of `value` over the ranks (callers pass a
+  /// flag of their own along), and commits a background save once every rank
+  /// has finished writing it.
+  int poll(int value);
+  /// Waits for a save in flight and commits it (call before exiting).
+  void wait();
+
+  const RunOptions& options() const { return options_; }
+
+ private:
+  struct InFlight;
+  void finish_in_flight();
+
+  RunOptions options_;
+  ProcessGroup& group_;
+  Logger& log_;
+  std::unique_ptr<InFlight> in_flight_;
+};
+
+/// How a checkpoint must fit the run that loads it. Judged on indexes,
+/// headers and trainer_state.json only, before any tensor is read, and
+/// identically on every rank (the tensor lists of all ranks are gathered).
+struct FitCheck {
+  /// Starting from weights (checkpoint.init_from): only the "master" entries
+  /// are given, tensors of other kinds in the checkpoint are ignored, and no
+  /// trainer_state.json is needed.
+  bool weights_only = false;
+  /// Tensors the run lacks (and `config_differences`) are errors; otherwise warnings.
+  bool strict = true;
+  /// Differences between the checkpoint directory's model description and
+  /// the run's, one phrase each (e.g. from config.json); none when unset.
+  std::function<std::vector<std::string>(const std::string& dir)> config_differences;
+  /// Called with the checkpoint's state before any tensor is read; throws
+  /// Misfit (commit.h) to refuse it (e.g. a run that is already finished).
+  std::function<void(const TrainerState& state)> check_state;
+};
+
+/// What a load read.
+struct Loaded {
+  TrainerState state;  // default (step 0) for weights_only
+  std::string format;  // Catalog::format
+  int64_t bytes = 0;   // of tensor data loaded, all ranks together
+  double seconds = 0;
+  bool skipped_model_weights = false;  // model-* present but masters came from master weights
+};
+
+/// Collective: checks the fit (FitCheck), then fills `entries` from the
+/// checkpoint in `dir` (load_entries, non-finite values refused). A
+/// checkpoint that does not fit throws Misfit on every rank; a damaged one
+/// (checksum, missing tensor with an agreeing config, non-finite values, an
+/// unreadable trainer_state.json) throws AgreedError.
+Loaded load(std::span<StateEntry> entries, const std::string& dir, const LoadOptions& options, const FitCheck& fit,
+            ProcessGroup& group, Logger& log);
+
+/// Resolves what a user asked to resume from and calls `load` with it:
+/// "auto" -> the newest complete checkpoint under `root` that loads (a
+/// damaged one is reported through `log` and the next older one tried, each
+/// once; a Misfit ends it; see resume_newest_loadable); anything else is a
+/// checkpoint directory or a root (resolve_checkpoint_dir; the choice is
+/// logged), which must load. Returns the directory loaded, or nullopt when
+/// "auto" finds no complete checkpoint.
+std::optional<std::string> resume(const std::string& what, const std::string& root,
+                                  const std::function<void(const std::string& dir)>& load, Logger& log);
 
 }  // namespace st::checkpoint

@@ -143,17 +143,80 @@ NonFinite count_nonfinite(std::span<const std::byte> data, DType dtype, int64_t 
   return {};
 }
 
-TensorScan crc32c_and_scan(std::span<const std::byte> data, DType dtype, uint32_t crc) {
-  // 64 KiB: checksummed, then counted while it is still in L2.
-  constexpr size_t kBlock = size_t{64} << 10;
-  static_assert(kBlock % 4 == 0);
+namespace {
+
+// 64 KiB: checksummed, then counted while it is still in L2.
+constexpr size_t kScanBlock = size_t{64} << 10;
+static_assert(kScanBlock % 4 == 0);
+
+void scan_block(std::span<const std::byte> block, DType dtype, size_t at, TensorScan& out, int64_t first_index) {
+  out.crc32c = crc32c(block, out.crc32c);
+  merge(out.nonfinite, count_nonfinite(block, dtype, first_index + static_cast<int64_t>(at / dtype_size(dtype))));
+}
+
+}  // namespace
+
+TensorScan crc32c_and_scan(std::span<const std::byte> data, DType dtype, uint32_t crc, int64_t first_index) {
   TensorScan out{crc, {}};
-  for (size_t at = 0; at < data.size(); at += kBlock) {
-    const std::span<const std::byte> block = data.subspan(at, std::min(kBlock, data.size() - at));
-    out.crc32c = crc32c(block, out.crc32c);
-    merge(out.nonfinite, count_nonfinite(block, dtype, static_cast<int64_t>(at / dtype_size(dtype))));
+  for (size_t at = 0; at < data.size(); at += kScanBlock)
+    scan_block(data.subspan(at, std::min(kScanBlock, data.size() - at)), dtype, at, out, first_index);
+  return out;
+}
+
+TensorScan copy_and_scan(std::span<const std::byte> src, std::byte* dst, DType dtype, uint32_t crc,
+                         int64_t first_index) {
+  TensorScan out{crc, {}};
+  for (size_t at = 0; at < src.size(); at += kScanBlock) {
+    const size_t n = std::min(kScanBlock, src.size() - at);
+    std::memcpy(dst + at, src.data() + at, n);
+    scan_block(std::span<const std::byte>(dst + at, n), dtype, at, out, first_index);
   }
   return out;
+}
+
+// ---- Combining checksums ---------------------------------------------------------
+//
+// CRC32C is linear over GF(2): crc(a ++ b) = crc(a) * x^(8 |b|) mod P xor
+// crc(b), with polynomials in the reflected bit order of the CRC (the
+// highest bit stands for x^0). The shift by x^(8 |b|) is one product with a
+// power of x built from the squares x^(2^k) by the binary digits of |b|.
+
+namespace {
+
+constexpr uint32_t kPolyReflected = 0x82F63B78u;
+constexpr uint32_t kOne = 0x80000000u;  // the polynomial 1
+
+// a * b mod P.
+constexpr uint32_t multiply_mod(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t bit = kOne; bit != 0; bit >>= 1) {
+    if ((a & bit) != 0) product ^= b;
+    b = (b & 1u) != 0 ? (b >> 1) ^ kPolyReflected : b >> 1;  // b *= x
+  }
+  return product;
+}
+
+struct PowerTable {
+  std::array<uint32_t, 64> x_pow_2k{};  // x^(2^k) mod P
+};
+
+constexpr PowerTable make_powers() {
+  PowerTable t;
+  t.x_pow_2k[0] = kOne >> 1;  // x
+  for (size_t k = 1; k < t.x_pow_2k.size(); ++k) t.x_pow_2k[k] = multiply_mod(t.x_pow_2k[k - 1], t.x_pow_2k[k - 1]);
+  return t;
+}
+
+constexpr PowerTable kPowers = make_powers();
+
+}  // namespace
+
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  // x^(8 len_b) = product of x^(2^(k+3)) over the set bits k of len_b.
+  uint32_t shift = kOne;
+  for (size_t k = 3; len_b != 0; len_b >>= 1, ++k)
+    if ((len_b & 1u) != 0) shift = multiply_mod(kPowers.x_pow_2k[k], shift);
+  return multiply_mod(shift, crc_a) ^ crc_b;
 }
 
 }  // namespace st::checkpoint

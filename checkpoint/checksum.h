@@ -15,6 +15,11 @@ namespace st::checkpoint {
 /// instruction when the CPU has it, otherwise crc32c_software.
 uint32_t crc32c(std::span<const std::byte> data, uint32_t crc = 0);
 
+/// The CRC32C of a ++ b from crc_a = crc32c(a), crc_b = crc32c(b) and b's
+/// length, in O(log len_b): pieces checksummed apart (by several threads or
+/// ranks) give the checksum of the whole tensor they tile.
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+
 /// Portable slicing-by-8 implementation; same results as crc32c.
 uint32_t crc32c_software(std::span<const std::byte> data, uint32_t crc = 0);
 
@@ -42,7 +47,14 @@ struct TensorScan {
 /// pass: the data is walked in blocks that stay in cache, each checksummed and
 /// then counted, so checking for NaN/Inf reads no byte from memory twice.
 /// `data.size()` must be a multiple of the element size.
-TensorScan crc32c_and_scan(std::span<const std::byte> data, DType dtype, uint32_t crc = 0);
+/// Element indices in `nonfinite` start at `first_index`.
+TensorScan crc32c_and_scan(std::span<const std::byte> data, DType dtype, uint32_t crc = 0, int64_t first_index = 0);
+
+/// Copies `src` to `dst` (same size, not overlapping) and returns the
+/// CRC32C and non-finite elements of the bytes, in the same pass: each block
+/// is checksummed right after it is copied, while it is still in cache.
+TensorScan copy_and_scan(std::span<const std::byte> src, std::byte* dst, DType dtype, uint32_t crc = 0,
+                         int64_t first_index = 0);
 
 /// Non-finite elements of `data` alone (no checksum); element indices start at `first_index`.
 NonFinite count_nonfinite(std::span<const std::byte> data, DType dtype, int64_t first_index = 0);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <system_error>
+#include <utility>
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -54,6 +55,19 @@ void write_all(int fd, const void* data, size_t n, const std::string& what) {
   }
 }
 
+void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::string& what) {
+  const auto* p = static_cast<const std::byte*>(data);
+  while (n > 0) {
+    const ssize_t got = ::pwrite(fd, p, std::min(n, kMaxChunk), static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    ST_CHECK(got >= 0, "writing {} failed: {}", what, errno_text());
+    ST_CHECK(got > 0, "writing {} failed: pwrite returned 0 bytes", what);
+    p += got;
+    offset += static_cast<uint64_t>(got);
+    n -= static_cast<size_t>(got);
+  }
+}
+
 void fsync_fd(int fd, const std::string& what) {
   ST_CHECK(::fsync(fd) == 0, "cannot fsync {}: {}", what, errno_text());
 }
@@ -96,6 +110,31 @@ void rename_no_replace(const fs::path& from, const fs::path& to) {
   std::error_code ec;
   ST_CHECK(!fs::exists(to, ec), "'{}' already exists", to.string());
   rename_path(from, to);
+}
+
+TempDir::TempDir(fs::path path) : path_(std::move(path)) {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+  ST_CHECK(fs::create_directory(path_, ec) && !ec, "cannot create {}: {}", path_.string(), ec.message());
+}
+
+TempDir::TempDir(TempDir&& other) noexcept : path_(std::move(other.path_)), kept_(std::exchange(other.kept_, true)) {}
+
+TempDir& TempDir::operator=(TempDir&& other) noexcept {
+  if (this != &other) {
+    remove_unless_kept();
+    path_ = std::move(other.path_);
+    kept_ = std::exchange(other.kept_, true);
+  }
+  return *this;
+}
+
+TempDir::~TempDir() { remove_unless_kept(); }
+
+void TempDir::remove_unless_kept() noexcept {
+  if (kept_) return;
+  std::error_code ec;  // ignored: see the class comment
+  fs::remove_all(path_, ec);
 }
 
 }  // namespace st::checkpoint

@@ -47,6 +47,9 @@ class UniqueFd {
 /// Writes all `n` bytes at the descriptor's position (short writes and EINTR
 /// retried, at most 1 GiB per call); `what` names the file in errors.
 void write_all(int fd, const void* data, size_t n, const std::string& what);
+/// Writes all `n` bytes at file offset `offset` (retrying short writes and
+/// EINTR); throws st::Error naming `what` and the errno text.
+void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::string& what);
 
 /// fsync(2) of an open file; `what` names it in the error.
 void fsync_fd(int fd, const std::string& what);
@@ -69,5 +72,32 @@ void rename_path(const std::filesystem::path& from, const std::filesystem::path&
 /// Renames `from` to `to`, failing instead of replacing when `to` exists
 /// (RENAME_NOREPLACE; an existence check first where the file system lacks it).
 void rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to);
+
+/// Owner of a directory this process writes before publishing it: created
+/// empty, and removed with its contents on destruction unless keep() was
+/// called (once it has been renamed into place). Whatever is at `path`
+/// beforehand is removed first: callers put their pid in the name, so it can
+/// only be debris of an earlier process. Move-only; the destructor never
+/// throws (a leftover hidden directory is harmless).
+class TempDir {
+ public:
+  /// Throws st::Error naming `path` when it cannot be created.
+  explicit TempDir(std::filesystem::path path);
+  TempDir(TempDir&& other) noexcept;
+  TempDir& operator=(TempDir&& other) noexcept;
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir();
+
+  const std::filesystem::path& path() const { return path_; }
+  /// Leaves the directory where it is (or where it was renamed to) on destruction.
+  void keep() { kept_ = true; }
+
+ private:
+  void remove_unless_kept() noexcept;
+
+  std::filesystem::path path_;
+  bool kept_ = false;
+};
 
 }  // namespace st::checkpoint

@@ -135,25 +135,30 @@ void SafetensorsWriter::set_metadata(const std::string& key, const std::string& 
   metadata_[key] = value;
 }
 
-std::vector<WrittenTensor> SafetensorsWriter::write(const std::string& path) const {
+std::string safetensors_header(const std::vector<HeaderTensor>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   json header = json::object();
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t cursor = 0;
-  for (const Entry& e : entries_) {
-    header[e.name] = {{"dtype", std::string(dtype_name(e.dtype))},
-                      {"shape", e.shape},
-                      {"data_offsets", {cursor, cursor + e.bytes.size()}}};
-    cursor += e.bytes.size();
+  for (const HeaderTensor& t : tensors) {
+    header[t.name] = {
+        {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {cursor, cursor + t.nbytes}}};
+    cursor += t.nbytes;
   }
   std::string text = header.dump();
   // Spaces (valid JSON whitespace) pad the header so the data section starts
   // 8-byte aligned, which lets readers mmap it and view elements in place.
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
-  const uint64_t data_start = 8 + text.size();
+  std::string out(8, '\0');
+  store_le64(text.size(), reinterpret_cast<std::byte*>(out.data()));
+  return out + text;
+}
 
-  std::vector<std::byte> head(data_start);
-  store_le64(text.size(), head.data());
-  std::memcpy(head.data() + 8, text.data(), text.size());
+std::vector<WrittenTensor> SafetensorsWriter::write(const std::string& path) const {
+  std::vector<HeaderTensor> listed;
+  for (const Entry& e : entries_) listed.push_back({e.name, e.dtype, e.shape, e.bytes.size()});
+  const std::string head = safetensors_header(listed, metadata_);
+  const uint64_t data_start = head.size();
 
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   ST_CHECK(fd.valid(), "cannot create safetensors file '{}': {}", path, errno_text(errno));

@@ -43,6 +43,23 @@ struct WrittenTensor {
   NonFinite nonfinite;  // NaN/Inf elements, counted in the checksum's pass
 };
 
+/// A tensor as a header lists it.
+struct HeaderTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t nbytes = 0;
+};
+
+/// The bytes of a file before its data section: the little-endian length,
+/// the JSON header listing `tensors` contiguously in the given order (the
+/// JSON's keys come out sorted by name, which readers ignore), and `metadata`
+/// as "__metadata__" when not empty, space-padded so the data section starts
+/// 8-byte aligned. The data of tensor i starts at header size + the bytes of
+/// tensors 0..i-1.
+std::string safetensors_header(const std::vector<HeaderTensor>& tensors,
+                               const std::map<std::string, std::string>& metadata);
+
 /// Collects tensors and metadata, then writes one file. Tensors are laid out
 /// contiguously in the order they were added (callers choose the order, e.g.
 /// to keep a model's parameters in definition order); the header's JSON keys

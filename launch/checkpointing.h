@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/dir_guard.h"
 #include "checkpoint/state.h"
 #include "core/comm.h"
@@ -16,10 +17,6 @@
 #include "core/log.h"
 #include "fsdp/fsdp.h"
 #include "optim/optimizer.h"
-
-namespace st::checkpoint {
-struct Catalog;
-}
 
 namespace st::launch {
 
@@ -63,7 +60,7 @@ class Checkpointer {
   Checkpointer(const Config& config, fsdp::ShardedModel& model, optim::Optimizer& optimizer, ProcessGroup& world,
                Logger& log, int64_t num_parameters);
   /// Waits for a save still being written (without committing it when the
-  /// run is failing: only wait() commits).
+  /// run is failing: only wait() and end_of_step() commit).
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -102,21 +99,17 @@ class Checkpointer {
   std::optional<ResumePoint> load(const std::string& resume);
 
  private:
-  struct InFlight;
-  void finish_in_flight();
   ResumePoint load_from(const std::string& path, bool init);
   // Warns when train.steps or the schedule kind differs from the checkpoint's,
   // with the learning rate of the next step under both.
   void log_schedule_change(const checkpoint::TrainerState& state, int64_t step);
-  void check_fit(const std::string& path, const checkpoint::Catalog& catalog, const std::vector<StateEntry>& entries,
-                 bool init);
 
   const Config& config_;
   fsdp::ShardedModel& model_;
   optim::Optimizer& optimizer_;
   ProcessGroup& world_;
   Logger& log_;
-  std::unique_ptr<InFlight> in_flight_;
+  std::optional<checkpoint::Saver> saver_;  // when checkpoint.dir is set
 };
 
 }  // namespace st::launch

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,6 +56,40 @@ TEST(Crc32c, ChainedEqualsOneShot) {
     EXPECT_EQ(crc32c(all.subspan(cut), crc32c(all.first(cut))), whole) << "cut " << cut;
     EXPECT_EQ(crc32c_software(all.subspan(cut), crc32c_software(all.first(cut))), whole) << "cut " << cut;
   }
+}
+
+TEST(Crc32c, CombineEqualsTheChecksumOfTheConcatenation) {
+  std::mt19937 rng(11);
+  std::vector<std::byte> buf(70000);
+  for (auto& b : buf) b = static_cast<std::byte>(rng());
+  std::span<const std::byte> all(buf);
+  const uint32_t whole = crc32c_software(all);
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{3}, size_t{8}, size_t{4096}, size_t{65537}, buf.size()}) {
+    const uint32_t a = crc32c_software(all.first(cut));
+    const uint32_t b = crc32c_software(all.subspan(cut));
+    EXPECT_EQ(crc32c_combine(a, b, buf.size() - cut), whole) << "cut " << cut;
+  }
+  // Three pieces, combined left to right.
+  const uint32_t ab = crc32c_combine(crc32c(all.first(100)), crc32c(all.subspan(100, 900)), 900);
+  EXPECT_EQ(crc32c_combine(ab, crc32c(all.subspan(1000)), buf.size() - 1000), whole);
+}
+
+TEST(Crc32c, CopyAndScanCopiesAndMatchesASeparateScan) {
+  std::vector<float> src(50000, 1.5f);
+  src[20000] = std::numeric_limits<float>::infinity();
+  src[40000] = std::numeric_limits<float>::quiet_NaN();
+  const auto* p = reinterpret_cast<const std::byte*>(src.data());
+  std::span<const std::byte> bytes(p, src.size() * sizeof(float));
+  std::vector<float> dst(src.size(), 0.0f);
+  const TensorScan copied = copy_and_scan(bytes, reinterpret_cast<std::byte*>(dst.data()), DType::F32, 0, 100);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), bytes.size()), 0);
+  EXPECT_EQ(copied.crc32c, crc32c_software(bytes));
+  EXPECT_EQ(copied.nonfinite.nan, 1);
+  EXPECT_EQ(copied.nonfinite.inf, 1);
+  EXPECT_EQ(copied.nonfinite.first, 20100);
+  const TensorScan scanned = crc32c_and_scan(bytes, DType::F32, 0, 100);
+  EXPECT_EQ(scanned.crc32c, copied.crc32c);
+  EXPECT_EQ(scanned.nonfinite.first, 20100);
 }
 
 TEST(Crc32c, HardwareMatchesSoftware) {

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,8 +16,9 @@
 #include <stdlib.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/checksum.h"
+#include "checkpoint/plan.h"
 #include "checkpoint/safetensors.h"
-#include "checkpoint/sharded.h"
 #include "core/comm.h"
 #include "core/state.h"
 #include "tests/mpi_env.h"
@@ -24,6 +27,20 @@ namespace st::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
+
+enum class Verify : uint8_t { No, Yes };
+
+void save_sharded(const std::string& dir, std::span<const StateEntry> entries, ProcessGroup& group) {
+  save(dir, entries, SaveOptions{.layout = Layout::Sharded, .snapshot = false}, group);
+}
+
+// Each rank loads on its own (not collective), as a one-process tool does.
+void load_sharded(const std::string& dir, std::span<StateEntry> entries, Verify verify) {
+  Catalog catalog = read_catalog(dir);
+  ST_CHECK(catalog.format == layout_name(Layout::Sharded), "'{}' holds a {} checkpoint, not a sharded one", dir,
+           catalog.format);
+  load_entries(catalog, entries, LoadOptions{.verify = verify == Verify::Yes});
+}
 
 struct TensorSpec {
   std::string fqn;
@@ -146,8 +163,8 @@ TEST(PlanReads, ExactChunk) {
   std::vector<ChunkRecord> chunks{{"w", "master", 0, 10, "f0", "k0", 0}, {"w", "master", 10, 10, "f1", "k1", 0}};
   std::vector<Read> reads = plan_reads(chunks, plan_entry(10, 10));
   ASSERT_EQ(reads.size(), 1u);
-  EXPECT_EQ(reads[0].file, "f1");
-  EXPECT_EQ(reads[0].key, "k1");
+  EXPECT_EQ(reads[0].chunk->file, "f1");
+  EXPECT_EQ(reads[0].chunk->key, "k1");
   EXPECT_EQ(reads[0].chunk_offset_elems, 0);
   EXPECT_EQ(reads[0].entry_offset_elems, 0);
   EXPECT_EQ(reads[0].count, 10);
@@ -160,15 +177,15 @@ TEST(PlanReads, SpansThreeChunksOutOfOrderIgnoringOtherKinds) {
                                   {"w", "master", 10, 10, "f1", "k1", 0}};
   std::vector<Read> reads = plan_reads(chunks, plan_entry(5, 20));  // [5, 25)
   ASSERT_EQ(reads.size(), 3u);
-  EXPECT_EQ(reads[0].key, "k0");
+  EXPECT_EQ(reads[0].chunk->key, "k0");
   EXPECT_EQ(reads[0].chunk_offset_elems, 5);
   EXPECT_EQ(reads[0].entry_offset_elems, 0);
   EXPECT_EQ(reads[0].count, 5);
-  EXPECT_EQ(reads[1].key, "k1");
+  EXPECT_EQ(reads[1].chunk->key, "k1");
   EXPECT_EQ(reads[1].chunk_offset_elems, 0);
   EXPECT_EQ(reads[1].entry_offset_elems, 5);
   EXPECT_EQ(reads[1].count, 10);
-  EXPECT_EQ(reads[2].key, "k2");
+  EXPECT_EQ(reads[2].chunk->key, "k2");
   EXPECT_EQ(reads[2].chunk_offset_elems, 0);
   EXPECT_EQ(reads[2].entry_offset_elems, 15);
   EXPECT_EQ(reads[2].count, 5);
@@ -365,23 +382,40 @@ TEST(UnifiedCheckpoint, WritesHuggingFaceIndexAndFilesOfWholeTensors) {
   EXPECT_EQ(cat.world_size, g.size());
 }
 
-// Exchange rounds of at most 16 bytes: every piece travels in a round of its own or with few others.
-TEST(UnifiedCheckpoint, SmallExchangeRoundsGiveTheSameFiles) {
+// Every rank writes its pieces straight into the files of their tensors: each
+// file must be byte for byte the file SafetensorsWriter writes from the whole
+// tensors (known values, in the file's order, with BF16 model weights).
+TEST(UnifiedCheckpoint, PiecesWrittenInPlaceMakeTheSameFilesAsWholeTensors) {
   ProcessGroup& g = test::world();
-  SharedDir one(g), many(g);
-  save_unified(one.path(), g, {.model_weights = true, .master_weights = false});
-  save_unified(many.path(), g, {.model_weights = true, .master_weights = false, .exchange_bytes = 16});
-  if (g.rank() == 0) {
-    for (const auto& entry : fs::directory_iterator(one.path())) {
-      std::ifstream a(entry.path(), std::ios::binary),
-          b(fs::path(many.path()) / entry.path().filename(), std::ios::binary);
-      std::string x((std::istreambuf_iterator<char>(a)), {}), y((std::istreambuf_iterator<char>(b)), {});
-      EXPECT_EQ(x, y) << entry.path().filename();
+  SharedDir dir(g), rebuilt(g);
+  save_unified(dir.path(), g, {.model_weights = true, .master_weights = true, .model_dtype = DType::BF16});
+  if (g.rank() != 0) return;
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    const std::string name = entry.path().filename().string();
+    if (entry.path().extension() != ".safetensors") continue;
+    ++files;
+    SafetensorsFile f(entry.path().string());
+    SafetensorsWriter w;
+    for (const std::string& key : f.names()) {
+      const bool optimizer = name.rfind("optimizer-", 0) == 0;
+      const std::string fqn = optimizer ? key.substr(0, key.rfind('.')) : key;
+      const std::string kind = optimizer ? key.substr(key.rfind('.') + 1) : "master";
+      size_t t = 0;
+      while (specs()[t].fqn != fqn) ++t;
+      std::vector<float> vals(static_cast<size_t>(shape_numel(specs()[t].shape)));
+      for (size_t i = 0; i < vals.size(); ++i) vals[i] = value_of(t, static_cast<int64_t>(i), kind);
+      const DType dtype = name.rfind("model-", 0) == 0 ? DType::BF16 : DType::F32;
+      w.add(key, Tensor::from_floats(vals, specs()[t].shape, dtype));
     }
+    w.set_metadata("format", "pt");
+    const fs::path path = fs::path(rebuilt.path()) / name;
+    w.write(path.string());
+    std::ifstream a(entry.path(), std::ios::binary), b(path, std::ios::binary);
+    std::string x((std::istreambuf_iterator<char>(a)), {}), y((std::istreambuf_iterator<char>(b)), {});
+    EXPECT_EQ(x, y) << name;
   }
-  std::vector<StateEntry> loaded;
-  EXPECT_EQ(load_reversed(many.path(), loaded), "");
-  EXPECT_EQ(count_wrong(loaded), 0);
+  EXPECT_GE(files, 3);
 }
 
 TEST(UnifiedCheckpoint, BF16ModelWeightsBesideExactMasterWeights) {
@@ -503,6 +537,107 @@ TEST(UnifiedCheckpoint, TensorMissingFromIndexAndFlippedByteAreNamed) {
   g.barrier().wait();
   err = load_reversed(dir.path(), loaded, {.verify = false});
   EXPECT_EQ(err, "tensor b.weight kind master is not in checkpoint '" + dir.path() + "'");
+}
+
+// The collective load: the ranks together checksum every byte of the
+// checkpoint once, including bytes no rank loads (the BF16 model weights,
+// when the masters load from master_weights-*), and every rank reports the
+// same mismatch.
+TEST(UnifiedCheckpoint, CollectiveLoadChecksBytesNoRankLoads) {
+  ProcessGroup& g = test::world();
+  SharedDir dir(g);
+  save_unified(dir.path(), g, {.model_weights = true, .master_weights = true, .model_dtype = DType::BF16});
+  std::vector<StateEntry> loaded = make_state(reversed_range, g.rank(), g.size(), false);
+  EXPECT_EQ(error_of([&] { load_entries(read_catalog(dir.path()), loaded, {}, g); }), "");
+  EXPECT_EQ(count_wrong(loaded), 0);
+
+  nlohmann::json index = read_json(join(dir.path(), kModelIndexName));
+  const std::string file = join(dir.path(), index["weight_map"]["b.weight"].get<std::string>());
+  g.barrier().wait();
+  if (g.rank() == 0) {
+    const uint64_t at = SafetensorsFile(file).info("b.weight").data_begin + 9;
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put('\x55');
+    EXPECT_TRUE(f.good());
+  }
+  g.barrier().wait();
+  loaded = make_state(reversed_range, g.rank(), g.size(), false);
+  const std::string err = error_of([&] { load_entries(read_catalog(dir.path()), loaded, {}, g); });
+  EXPECT_NE(err.find("checksum mismatch in '" + file + "', tensor 'b.weight' (b.weight kind model)"), std::string::npos)
+      << err;
+  EXPECT_EQ(error_of([&] { load_entries(read_catalog(dir.path()), loaded, {.verify = false}, g); }), "");
+  EXPECT_EQ(count_wrong(loaded), 0);
+}
+
+TEST(UnifiedCheckpoint, CollectiveLoadRefusesNonFiniteValuesNamingTheTensor) {
+  ProcessGroup& g = test::world();
+  SharedDir dir(g);
+  std::vector<StateEntry> saved = make_state(fsdp_range, g.rank(), g.size(), true);
+  save(dir.path(), saved, {.layout = Layout::Sharded}, g);
+  nlohmann::json index = read_json(join(dir.path(), kShardedIndexName));
+  g.barrier().wait();
+  // Overwrite element 0 of c.bias (1 element) with +Inf, fixing its checksum.
+  if (g.rank() == 0) {
+    for (auto& chunk : index["chunks"]) {
+      if (chunk["fqn"] != "c.bias" || chunk["kind"] != "master") continue;
+      const std::string file = join(dir.path(), chunk["file"].get<std::string>());
+      const uint64_t at = SafetensorsFile(file).info(chunk["key"].get<std::string>()).data_begin;
+      const float inf = std::numeric_limits<float>::infinity();
+      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(at));
+      f.write(reinterpret_cast<const char*>(&inf), sizeof inf);
+      chunk["crc32c"] = crc32c(std::as_bytes(std::span(&inf, 1)));
+    }
+    write_json(join(dir.path(), kShardedIndexName), index);
+  }
+  g.barrier().wait();
+  std::vector<StateEntry> loaded = make_state(reversed_range, g.rank(), g.size(), false);
+  const std::string err =
+      error_of([&] { load_entries(read_catalog(dir.path()), loaded, {.refuse_nonfinite = true}, g); });
+  EXPECT_NE(err.find(dir.path() + ": tensor 'c.bias' (master) holds 0 NaN and 1 Inf values (the first at element 0)"),
+            std::string::npos)
+      << err;
+}
+
+TEST(AssignChecksumRanges, TilesEachVerifiedChunkInsideReadsThenSpreadsTheGaps) {
+  // Chunk 0: 100 bytes read by rank 0 [0, 60) and rank 1 [40, 100) (overlap).
+  // Chunk 1: nobody reads it (200 bytes). Chunk 2: not verified.
+  // Chunk 3: rank 1 reads [10, 20) of 30.
+  std::vector<ByteRange> reads{{0, 40, 100, 1}, {0, 0, 60, 0}, {2, 0, 5, 0}, {3, 10, 20, 1}};
+  const std::vector<int64_t> sizes{100, 200, -1, 30};
+  const std::vector<ByteRange> got = assign_checksum_ranges(reads, sizes, 2);
+  auto at = [&](int64_t chunk) {
+    std::vector<ByteRange> out;
+    for (const ByteRange& r : got)
+      if (r.chunk == chunk) out.push_back(r);
+    return out;
+  };
+  const std::vector<ByteRange> c0 = at(0), c1 = at(1), c3 = at(3);
+  ASSERT_EQ(c0.size(), 2u);
+  EXPECT_EQ(c0[0].begin, 0);
+  EXPECT_EQ(c0[0].end, 60);
+  EXPECT_EQ(c0[0].rank, 0);
+  EXPECT_EQ(c0[1].begin, 60);
+  EXPECT_EQ(c0[1].end, 100);
+  EXPECT_EQ(c0[1].rank, 1);
+  ASSERT_EQ(c1.size(), 1u);
+  EXPECT_EQ(c1[0].begin, 0);
+  EXPECT_EQ(c1[0].end, 200);
+  EXPECT_TRUE(at(2).empty());
+  // Chunk 3: [10, 20) by its reader; the gaps [0, 10) and [20, 30) go to the
+  // rank with fewer bytes so far.
+  ASSERT_EQ(c3.size(), 3u);
+  EXPECT_EQ(c3[1].rank, 1);
+  EXPECT_EQ(c3[1].begin, 10);
+  EXPECT_EQ(c3[0].end, 10);
+  EXPECT_EQ(c3[2].begin, 20);
+  EXPECT_EQ(c3[2].end, 30);
+  // Loads before the gaps: rank 0 reads 65 bytes, rank 1 70; chunk 1 (200)
+  // goes to rank 0, then both gaps of chunk 3 to rank 1 (70 < 265).
+  EXPECT_EQ(c1[0].rank, 0);
+  EXPECT_EQ(c3[0].rank, 1);
+  EXPECT_EQ(c3[2].rank, 1);
 }
 
 }  // namespace

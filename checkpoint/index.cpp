@@ -1,0 +1,274 @@
+#include "checkpoint/index.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+
+namespace st::checkpoint {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string join_path(const std::string& dir, std::string_view name) { return (fs::path(dir) / name).string(); }
+
+json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  ST_CHECK(in.good(), "cannot open '{}': {}", path, std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  ST_CHECK(!in.bad(), "reading '{}' failed", path);
+  try {
+    return json::parse(text.str());
+  } catch (const json::exception& e) {
+    ST_FAIL("'{}' is not valid JSON: {}", path, e.what());
+  }
+}
+
+}  // namespace
+
+std::string_view layout_name(Layout layout) { return layout == Layout::Unified ? "unified" : "sharded"; }
+
+std::optional<Layout> parse_layout(std::string_view name) {
+  if (name == layout_name(Layout::Unified)) return Layout::Unified;
+  if (name == layout_name(Layout::Sharded)) return Layout::Sharded;
+  return std::nullopt;
+}
+
+std::string unified_file_name(std::string_view family, int k, int n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "-%05d-of-%05d.safetensors", k, n);
+  return std::string(family) + buf;
+}
+
+std::string shard_file_name(int rank, int world_size) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "shard-%05d-of-%05d.safetensors", rank, world_size);
+  return buf;
+}
+
+std::string chunk_key(const std::string& fqn, const std::string& kind, int64_t begin) {
+  return fqn + "|" + kind + "|" + std::to_string(begin);
+}
+
+bool Catalog::has_kind(std::string_view kind) const {
+  return std::any_of(tensors.begin(), tensors.end(), [&](const auto& t) { return t.first.second == kind; });
+}
+
+int64_t Catalog::total_bytes() const {
+  int64_t total = 0;
+  for (const auto& [id, t] : tensors)
+    for (const ChunkRecord& c : t.chunks) total += c.numel * static_cast<int64_t>(dtype_size(t.dtype));
+  return total;
+}
+
+std::string unified_index_text(std::string_view family, int world_size, const std::vector<UnifiedIndexEntry>& entries) {
+  json weight_map = json::object();
+  json crcs = json::object();
+  int64_t total = 0;
+  for (const UnifiedIndexEntry& e : entries) {
+    weight_map[e.key] = e.file;
+    crcs[e.key] = e.crc32c;
+    total += e.nbytes;
+  }
+  const json index{{"metadata",
+                    {{"total_size", total},
+                     {"format", std::string(kUnifiedFormat)},
+                     {"version", kUnifiedVersion},
+                     {"family", std::string(family)},
+                     {"world_size", world_size}}},
+                   {"weight_map", weight_map},
+                   {"crc32c", crcs}};
+  return index.dump(1) + "\n";
+}
+
+std::string sharded_index_text(int world_size,
+                               const std::map<std::pair<std::string, std::string>, std::pair<Shape, DType>>& tensors,
+                               const std::vector<ChunkRecord>& chunks) {
+  json by_fqn = json::object();
+  for (const auto& [id, meta] : tensors)
+    by_fqn[id.first][id.second] = {{"shape", meta.first}, {"dtype", std::string(dtype_name(meta.second))}};
+  json list = json::array();
+  for (const ChunkRecord& c : chunks)
+    list.push_back({{"fqn", c.fqn},
+                    {"kind", c.kind},
+                    {"begin", c.begin},
+                    {"numel", c.numel},
+                    {"file", c.file},
+                    {"key", c.key},
+                    {"crc32c", c.crc32c}});
+  const json index{{"format", std::string(kShardedFormat)},
+                   {"version", kShardedVersion},
+                   {"world_size", world_size},
+                   {"tensors", by_fqn},
+                   {"chunks", list}};
+  return index.dump(1) + "\n";
+}
+
+namespace {
+
+ChunkRecord chunk_from_json(const json& j, const std::string& index_path) {
+  ST_CHECK(j.is_object(), "'{}': every entry of \"chunks\" must be an object", index_path);
+  ChunkRecord c;
+  try {
+    c.fqn = j.at("fqn").get<std::string>();
+    c.kind = j.at("kind").get<std::string>();
+    c.begin = j.at("begin").get<int64_t>();
+    c.numel = j.at("numel").get<int64_t>();
+    c.file = j.at("file").get<std::string>();
+    c.key = j.at("key").get<std::string>();
+    c.crc32c = j.at("crc32c").get<uint32_t>();
+  } catch (const json::exception& e) {
+    ST_FAIL("'{}': malformed chunk {}: {}", index_path, j.dump(), e.what());
+  }
+  ST_CHECK(c.begin >= 0 && c.numel >= 0, "'{}': chunk '{}' has begin {} numel {}", index_path, c.key, c.begin, c.numel);
+  return c;
+}
+
+// A file name from an index is untrusted: it must not leave the directory.
+void check_plain_name(const std::string& file, const std::string& key, const std::string& index_path) {
+  ST_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..",
+           "'{}': tensor '{}' names file '{}', which is not a plain file name", index_path, key, file);
+}
+
+void read_sharded_catalog(Catalog& cat, const std::string& index_path) {
+  json index = read_json_file(index_path);
+  ST_CHECK(index.is_object() && index.value("format", std::string()) == kShardedFormat, "'{}' is not a {} index",
+           index_path, kShardedFormat);
+  ST_CHECK(index.value("version", -1) == kShardedVersion, "'{}': unsupported version {} (this build reads {})",
+           index_path, index.value("version", -1), kShardedVersion);
+  cat.format = layout_name(Layout::Sharded);
+  try {
+    cat.world_size = index.value("world_size", 0);
+    for (const auto& [fqn, kinds] : index.at("tensors").items()) {
+      for (const auto& [kind, meta] : kinds.items()) {
+        const std::string name = meta.at("dtype").get<std::string>();
+        std::optional<DType> dt = dtype_from_name(name);
+        ST_CHECK(dt.has_value(), "'{}': tensor {} kind {} has unknown dtype '{}'", index_path, fqn, kind, name);
+        StoredTensor& t = cat.tensors[{fqn, kind}];
+        t.shape = meta.at("shape").get<Shape>();
+        t.dtype = *dt;
+      }
+    }
+    for (const json& j : index.at("chunks")) {
+      ChunkRecord c = chunk_from_json(j, index_path);
+      check_plain_name(c.file, c.key, index_path);
+      auto it = cat.tensors.find({c.fqn, c.kind});
+      ST_CHECK(it != cat.tensors.end(), "'{}': chunk '{}' belongs to tensor {} kind {}, which \"tensors\" lacks",
+               index_path, c.key, c.fqn, c.kind);
+      it->second.chunks.push_back(std::move(c));
+    }
+  } catch (const json::exception& e) {
+    ST_FAIL("checkpoint index '{}' is malformed: {}", index_path, e.what());
+  }
+}
+
+// Adds the tensors of one Hugging Face style index (or of a single file when
+// `index_path` is empty) under `kind` ("" = split "<fqn>.<kind>" keys).
+void read_hf_family(Catalog& cat, const std::string& index_path, const std::string& single_file,
+                    const std::string& kind) {
+  std::map<std::string, std::string> weight_map;  // key -> file
+  std::map<std::string, uint32_t> crcs;
+  bool ours = false;
+  if (!index_path.empty()) {
+    json index = read_json_file(index_path);
+    try {
+      ST_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+               "'{}' has no \"weight_map\" object", index_path);
+      const json& meta = index.value("metadata", json::object());
+      ours = meta.is_object() && meta.value("format", std::string()) == kUnifiedFormat;
+      if (ours) {
+        ST_CHECK(meta.value("version", -1) == kUnifiedVersion, "'{}': unsupported version {} (this build reads {})",
+                 index_path, meta.value("version", -1), kUnifiedVersion);
+        cat.world_size = meta.value("world_size", 0);
+      }
+      for (const auto& [key, file] : index["weight_map"].items()) weight_map[key] = file.get<std::string>();
+      if (index.contains("crc32c"))
+        for (const auto& [key, crc] : index["crc32c"].items()) crcs[key] = crc.get<uint32_t>();
+    } catch (const json::exception& e) {
+      ST_FAIL("checkpoint index '{}' is malformed: {}", index_path, e.what());
+    }
+  } else {
+    SafetensorsFile f(join_path(cat.dir, single_file));
+    for (const std::string& key : f.names()) weight_map[key] = single_file;
+  }
+  if (ours && cat.format.empty()) cat.format = layout_name(Layout::Unified);
+  if (!ours) cat.format = kHuggingFaceFormat;
+
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
+  const std::string& where = index_path.empty() ? single_file : index_path;
+  for (const auto& [key, file] : weight_map) {
+    check_plain_name(file, key, where);
+    auto it = files.find(file);
+    if (it == files.end()) {
+      const std::string path = join_path(cat.dir, file);
+      ST_CHECK(fs::exists(path), "checkpoint file '{}' (listed in '{}' for tensor '{}') is missing", path, where, key);
+      it = files.emplace(file, std::make_unique<SafetensorsFile>(path)).first;
+    }
+    const SafetensorsFile& f = *it->second;
+    ST_CHECK(f.has(key), "tensor '{}' is listed in '{}' but missing from '{}'", key, where, f.path());
+    const TensorInfo& info = f.info(key);
+    std::string fqn = key, k = kind;
+    if (kind.empty()) {
+      const size_t dot = key.rfind('.');
+      ST_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < key.size(),
+               "'{}': optimizer key '{}' is not '<fqn>.<kind>'", where, key);
+      fqn = key.substr(0, dot);
+      k = key.substr(dot + 1);
+    }
+    StoredTensor& t = cat.tensors[{fqn, k}];
+    ST_CHECK(t.chunks.empty(), "'{}': tensor {} kind {} is stored twice", where, fqn, k);
+    t.shape = info.shape;
+    t.dtype = info.dtype;
+    t.checksummed = ours;
+    ChunkRecord c{fqn, k, 0, shape_numel(info.shape), file, key, 0};
+    if (ours) {
+      auto crc = crcs.find(key);
+      ST_CHECK(crc != crcs.end(), "'{}' has no crc32c for tensor '{}'", where, key);
+      c.crc32c = crc->second;
+    }
+    t.chunks.push_back(std::move(c));
+  }
+}
+
+}  // namespace
+
+Catalog read_catalog(const std::string& dir) {
+  Catalog cat;
+  cat.dir = dir;
+  ST_CHECK(fs::is_directory(dir), "checkpoint directory '{}' does not exist", dir);
+  const std::string sharded = join_path(dir, kShardedIndexName);
+  if (fs::exists(sharded)) {
+    read_sharded_catalog(cat, sharded);
+    return cat;
+  }
+  const std::pair<std::string_view, std::string> families[] = {{kModelIndexName, std::string(kModelKind)},
+                                                               {kMasterIndexName, std::string(kMasterKind)},
+                                                               {kOptimizerIndexName, ""}};
+  bool any = false;
+  for (const auto& [name, kind] : families) {
+    const std::string path = join_path(dir, name);
+    if (!fs::exists(path)) continue;
+    read_hf_family(cat, path, "", kind);
+    any = true;
+  }
+  if (!any && fs::exists(join_path(dir, "model.safetensors"))) {
+    read_hf_family(cat, "", "model.safetensors", std::string(kModelKind));
+    any = true;
+  }
+  ST_CHECK(any, "'{}' is not a checkpoint: it has none of {}, {}, model.safetensors", dir, kShardedIndexName,
+           kModelIndexName);
+  return cat;
+}
+
+}  // namespace st::checkpoint

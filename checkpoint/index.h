@@ -1,0 +1,130 @@
+#pragma once
+// The names and indexes of a checkpoint directory: the two layouts, the file
+// and key names of each, the JSON indexes that list every stored chunk, and
+// the Catalog a loader reads them into (DESIGN.md, "Checkpoint directory").
+//
+// Unified layout (Layout::Unified), N = number of ranks that own tensors of a family:
+//   model-0000k-of-0000N.safetensors + model.safetensors.index.json
+//       kind "master" entries, cast to the model dtype, keyed by FQN
+//       (what Hugging Face tools load; files carry "__metadata__": {"format": "pt"})
+//   master_weights-0000k-of-0000N.safetensors + master_weights.safetensors.index.json
+//       kind "master" entries in F32, keyed by FQN
+//   optimizer-0000k-of-0000N.safetensors + optimizer.safetensors.index.json
+//       every other kind, keyed "<fqn>.<kind>" (e.g. "...up_proj.weight.exp_avg")
+// Each index is Hugging Face's {"metadata": {"total_size": bytes, ...},
+// "weight_map": {key: file}} plus "crc32c": {key: CRC32C of the stored bytes}
+// and metadata "format": "shardtrain-unified", "version": 1, "world_size".
+//
+// Sharded layout (Layout::Sharded), DCP-style:
+//   shard-0000r-of-0000N.safetensors  one 1-D tensor per stored piece,
+//                                     keyed "<fqn>|<kind>|<begin>"
+//   sharded.index.json                {"format": "shardtrain-sharded", "version": 1,
+//                                      "world_size": N,
+//                                      "tensors": {fqn: {kind: {"shape", "dtype"}}},
+//                                      "chunks": [{"fqn", "kind", "begin", "numel",
+//                                                  "file", "key", "crc32c"}, ...]}
+// Keys only have to be unique within one file: loaders take file and key from
+// the index and never parse a key.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace st::checkpoint {
+
+enum class Layout : uint8_t { Unified, Sharded };
+/// "unified" or "sharded": the layout's one spelling, in trainer_state.json,
+/// Catalog::format, log lines and command lines.
+std::string_view layout_name(Layout layout);
+/// The layout spelled `name`; nullopt for any other text.
+std::optional<Layout> parse_layout(std::string_view name);
+
+inline constexpr std::string_view kUnifiedFormat = "shardtrain-unified";
+inline constexpr int kUnifiedVersion = 1;
+inline constexpr std::string_view kShardedFormat = "shardtrain-sharded";
+inline constexpr int kShardedVersion = 1;
+inline constexpr std::string_view kModelIndexName = "model.safetensors.index.json";
+inline constexpr std::string_view kMasterIndexName = "master_weights.safetensors.index.json";
+inline constexpr std::string_view kOptimizerIndexName = "optimizer.safetensors.index.json";
+inline constexpr std::string_view kShardedIndexName = "sharded.index.json";
+/// The kind under which a loader sees model weights (model-* files, or a Hugging Face directory).
+inline constexpr std::string_view kModelKind = "model";
+inline constexpr std::string_view kMasterKind = "master";
+/// Catalog::format of a plain Hugging Face model directory.
+inline constexpr std::string_view kHuggingFaceFormat = "huggingface";
+
+/// Whether a unified save also writes master_weights-* files: F32 model-*
+/// files are the master weights, so with them a second copy would store the
+/// same bytes twice (a load takes masters from F32 model weights).
+inline bool unified_needs_master_files(bool model_weights, DType model_dtype) {
+  return !model_weights || model_dtype != DType::F32;
+}
+
+/// "model-00002-of-00004.safetensors".
+std::string unified_file_name(std::string_view family, int k, int n);
+/// "shard-00002-of-00004.safetensors".
+std::string shard_file_name(int rank, int world_size);
+/// "<fqn>|<kind>|<begin>".
+std::string chunk_key(const std::string& fqn, const std::string& kind, int64_t begin);
+
+/// One stored 1-D piece of a tensor, as listed in the index.
+struct ChunkRecord {
+  std::string fqn;
+  std::string kind;
+  int64_t begin = 0;  // first flat element of the full tensor
+  int64_t numel = 0;
+  std::string file;     // name within the checkpoint directory
+  std::string key;      // tensor name within `file`
+  uint32_t crc32c = 0;  // of the chunk's bytes as stored
+};
+
+/// What one tensor of a checkpoint is stored as.
+struct StoredTensor {
+  Shape shape;
+  DType dtype = DType::F32;
+  std::vector<ChunkRecord> chunks;  // unified / Hugging Face: one chunk, the whole tensor
+  bool checksummed = true;          // false for a plain Hugging Face directory
+};
+
+/// Every tensor a checkpoint directory holds, keyed by (FQN, kind).
+struct Catalog {
+  std::string dir;
+  std::string format;  // "unified", "sharded" or "huggingface"
+  int world_size = 0;  // of the saver; 0 when unknown
+  std::map<std::pair<std::string, std::string>, StoredTensor> tensors;
+
+  /// Whether any tensor of `kind` is stored.
+  bool has_kind(std::string_view kind) const;
+  /// Bytes of tensor data stored (each chunk once).
+  int64_t total_bytes() const;
+};
+
+/// Reads the index of a checkpoint in either layout, or of a Hugging Face
+/// model directory (model.safetensors.index.json without our metadata, or a
+/// single model.safetensors); unified/Hugging Face tensor shapes and dtypes
+/// come from the safetensors headers. Throws naming the file at fault.
+Catalog read_catalog(const std::string& dir);
+
+/// A tensor as one unified index lists it.
+struct UnifiedIndexEntry {
+  std::string key;
+  std::string file;
+  uint32_t crc32c = 0;
+  int64_t nbytes = 0;
+};
+/// The text of the unified index of `family` ("model", "master_weights", "optimizer").
+std::string unified_index_text(std::string_view family, int world_size, const std::vector<UnifiedIndexEntry>& entries);
+
+/// The text of sharded.index.json: `tensors` holds shape and dtype of every
+/// tensor, `chunks` every stored chunk.
+std::string sharded_index_text(int world_size,
+                               const std::map<std::pair<std::string, std::string>, std::pair<Shape, DType>>& tensors,
+                               const std::vector<ChunkRecord>& chunks);
+
+}  // namespace st::checkpoint
