@@ -77,6 +77,7 @@ struct Args {
   int repeats = 3;
   bool verify = true;  // LoadOptions::verify (CRC32C of every chunk)
   int threads = 4;     // LoadOptions::threads
+  int save_threads = 2;  // SaveOptions::threads
   std::vector<Layout> layouts{Layout::Unified, Layout::Sharded};
   ModelWeights unified_model = ModelWeights::None;  // extra model-* files of the unified layout
   bool keep = false;                                // leave the files behind
@@ -86,7 +87,7 @@ struct Args {
 };
 
 constexpr std::string_view kUsage =
-    "usage: ckpt_bench --dir DIR [--bytes N] [--repeats N] [--verify on|off] [--threads N]\n"
+    "usage: ckpt_bench --dir DIR [--bytes N] [--repeats N] [--verify on|off] [--threads N] [--save-threads N]\n"
     "                  [--layouts unified,sharded] [--unified-model none|f32|bf16] [--snapshot on|off]\n"
     "                  [--settle S] [--keep]\n"
     "  --dir DIR        directory on the disk to measure (a subdirectory ckpt_bench-w<world> is made there)\n"
@@ -94,13 +95,16 @@ constexpr std::string_view kUsage =
     "  --repeats N      measurements per figure; the median is printed (default 3)\n"
     "  --verify on|off  CRC32C check of every chunk while loading (default on)\n"
     "  --threads N      reader threads per rank (LoadOptions::threads, default 4)\n"
-    "  --layouts L      comma-separated, from unified and sharded (default both)\n"
+    "  --save-threads N writer threads per rank (SaveOptions::threads, default 2)\n"
+    "  --layouts L      comma-separated, from unified and sharded (default both); none measures only\n"
+    "                   the disk (raw write, raw read) and a host copy of the state\n"
     "  --unified-model  also write model-* files in the unified layout as f32 or bf16 (default none:\n"
     "                   master weights and optimizer state only, so both layouts write the same bytes)\n"
     "  --snapshot on|off  stage the data into the saver's own buffers first, as an async save does\n"
     "                   (default off, as the trainer's synchronous save)\n"
     "  --settle S       sync, then S seconds of quiet before each measurement (default 2)\n"
-    "  --keep           do not delete the files at the end\n";
+    "  --keep           do not delete the files at the end\n"
+    "ckpt_bench --drop-cache DIR  drops the page cache of every file under DIR, then exits\n";
 
 Args parse_args(const std::vector<std::string>& argv) {
   Args a;
@@ -132,6 +136,8 @@ Args parse_args(const std::vector<std::string>& argv) {
       a.repeats = static_cast<int>(number(flag, value(i)));
     } else if (flag == "--threads") {
       a.threads = static_cast<int>(number(flag, value(i)));
+    } else if (flag == "--save-threads") {
+      a.save_threads = static_cast<int>(number(flag, value(i)));
     } else if (flag == "--verify") {
       const std::string& v = value(i);
       ST_CHECK(v == "on" || v == "off", "--verify must be on or off, got '{}'", v);
@@ -139,7 +145,7 @@ Args parse_args(const std::vector<std::string>& argv) {
     } else if (flag == "--layouts") {
       a.layouts.clear();
       std::string list = value(i);
-      size_t start = 0;
+      size_t start = list == "none" ? list.size() + 1 : 0;  // none: the disk's own figures only
       while (start <= list.size()) {
         size_t comma = std::min(list.find(',', start), list.size());
         std::string name = list.substr(start, comma - start);
@@ -578,6 +584,7 @@ class Bench {
     std::vector<Figure> figs;
     figs.push_back({"raw", "write+fsync", total_bytes_, {}, {}, 0});
     figs.push_back({"raw", "read", total_bytes_, {}, {}, 0});
+    figs.push_back({"memory", "host copy", total_bytes_, {}, {}, 0});
     for (Layout l : args_.layouts) {
       figs.push_back({std::string(layout_name(l)), "save", total_bytes_, {}, {}, 0});
       figs.push_back({std::string(layout_name(l)), "load", total_bytes_, {}, {}, 0});
@@ -588,8 +595,9 @@ class Bench {
     // writeback) spreads over every figure instead of biasing one.
     for (int rep = 0; rep < args_.repeats; ++rep) {
       measure_raw(figs[0], figs[1]);
+      measure_host_copy(figs[2]);
       for (size_t i = 0; i < args_.layouts.size(); ++i)
-        measure_layout(args_.layouts[i], figs[2 + 3 * i], figs[3 + 3 * i], figs[4 + 3 * i]);
+        measure_layout(args_.layouts[i], figs[3 + 3 * i], figs[4 + 3 * i], figs[5 + 3 * i]);
       measure_memory(memory[0], memory[1]);
       if (g_.rank() == 0) std::fprintf(stderr, "ckpt_bench: repeat %d/%d done\n", rep + 1, args_.repeats);
     }
@@ -647,6 +655,21 @@ class Bench {
         run_everywhere(g_, "second write to the same memory", [&] { std::memset(buf.raw_data(), 2, buf.nbytes()); }));
   }
 
+  // What an async save must at least do before training may go on: copy
+  // this rank's state into host buffers of its own (freshly allocated, as a
+  // snapshot is).
+  void measure_host_copy(Figure& copy) {
+    settle();
+    std::vector<Tensor> copies;
+    copy.seconds.push_back(run_everywhere(g_, "host copy", [&] {
+      for (const StateEntry& e : saved_.entries) {
+        Tensor c = Tensor::empty({e.local.numel()}, e.local.dtype());
+        c.copy_from(e.local);
+        copies.push_back(std::move(c));
+      }
+    }));
+  }
+
   void measure_raw(Figure& write, Figure& read) {
     const std::string path = raw_path(g_.rank());
     run_everywhere(g_, "removing the raw files", [&] { fs::remove(path); });
@@ -675,6 +698,7 @@ class Bench {
     opts.master_weights = true;
     opts.model_dtype = args_.unified_model == ModelWeights::BF16 ? DType::BF16 : DType::F32;
     opts.snapshot = args_.snapshot;
+    opts.threads = args_.save_threads;
     double stage = 0, write = 0;
     settle();
     const double secs = run_everywhere(g_, format("{} save", layout_name(layout)), [&] {
@@ -732,9 +756,10 @@ class Bench {
       const bool is_write = f.op == "save" || f.op == "write+fsync";
       std::string runs;
       for (double s : f.seconds) runs += format(runs.empty() ? "{:.3f}" : " {:.3f}", s);
-      out +=
-          format("{:<8} {:<15} {:>7.3f} {:>8.3f} {:>7.3f} {:>7.2f}   {}\n", f.layout, f.op,
-                 static_cast<double>(f.bytes) / 1e9, m, gbps, gbps / (is_write ? raw_write_gbps : raw_read_gbps), runs);
+      const std::string ratio =
+          f.layout == "memory" ? "-" : format("{:.2f}", gbps / (is_write ? raw_write_gbps : raw_read_gbps));
+      out += format("{:<8} {:<15} {:>7.3f} {:>8.3f} {:>7.3f} {:>7}   {}\n", f.layout, f.op,
+                    static_cast<double>(f.bytes) / 1e9, m, gbps, ratio, runs);
     }
     out += "\nwhere the time goes (medians; max over ranks):\n";
     for (const Figure& f : figs) {
@@ -744,11 +769,15 @@ class Bench {
         for (const auto& p : f.phases) v.push_back(p[i]);
         return median(v);
       };
-      if (f.op == "save")
+      if (f.op == "save") {
         out += format(
             "  {:<8} save: stage {:.3f} s, write+fsync {:.3f} s, finish (agree, index) {:.3f} s; {:.3f} GB "
             "in files\n",
             f.layout, part(0), part(1), part(2), static_cast<double>(written_.at(f.layout)) / 1e9);
+        if (args_.snapshot)
+          out += format("  {:<8} async save: training blocked (stage) {:.3f} s = {:.2f}x the host copy ({:.3f} s)\n",
+                        f.layout, part(0), part(0) / median(figs[2].seconds), median(figs[2].seconds));
+      }
       else
         out += format("  {:<8} {}: read_catalog {:.3f} s, load_entries {:.3f} s\n", f.layout, f.op, part(0), part(1));
     }
@@ -781,7 +810,24 @@ class Bench {
   std::map<std::string, int64_t> written_;  // layout -> bytes of its files (rank 0)
 };
 
+// --drop-cache DIR: drops the page cache of every file under DIR (fsynced
+// first: only clean pages can be dropped), prints the share still resident.
+int drop_cache_of_tree(const std::string& dir) {
+  std::vector<std::string> paths;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) paths.push_back(e.path().string());
+  for (const std::string& p : paths) {
+    fsync_path(p, PathKind::File);
+    drop_cache(p);
+  }
+  const Residency r = residency(paths);
+  std::printf("dropped the page cache of %zu files under %s: %.1f%% still resident\n", paths.size(), dir.c_str(),
+              r.total > 0 ? 100.0 * static_cast<double>(r.resident) / static_cast<double>(r.total) : 0.0);
+  return 0;
+}
+
 int run(const std::vector<std::string>& argv) {
+  if (argv.size() == 2 && argv[0] == "--drop-cache") return drop_cache_of_tree(argv[1]);
   const Args args = parse_args(argv);
   if (args.help) {
     std::fputs(kUsage.data(), stdout);
