@@ -1,43 +1,163 @@
-// ckpt: look inside, verify and convert checkpoints (issue 5).
+// ckpt: look inside, verify and convert checkpoints (issue 5). This file is
+// the program: its command line and what it prints; the work is in
+// checkpoint/tool.h.
 //
 //   ckpt inspect DIR [--json]
-//   ckpt verify DIR
+//   ckpt verify DIR [--threads N]
 //   ckpt convert DIR --to unified|sharded OUT
 //   scripts/launch -np 4 build/ckpt convert DIR --to sharded OUT
 //
 // Exit codes: 0 success, 1 an error or a failed verification (one line per
 // problem on stderr), 2 an internal error. Only main() catches st::Error.
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "checkpoint/tool.h"
 #include "core/comm.h"
 #include "core/error.h"
-#include "launch/ckpt_tool.h"
+#include "models/hf_config.h"
 
 namespace {
+
+using st::checkpoint::Layout;
+
+enum class CkptCommand : uint8_t { Inspect, Verify, Convert };
+
+/// Command line of `ckpt`.
+struct CkptArgs {
+  bool help = false;                           // --help / -h / no arguments
+  CkptCommand command = CkptCommand::Inspect;  // the first argument
+  std::string dir;                             // the checkpoint to read
+  bool json = false;                           // inspect --json
+  Layout to = Layout::Unified;                 // convert --to
+  std::string out;                             // convert's output directory
+  int threads = 4;                             // verify --threads N: files checked at once
+};
+
+std::string ckpt_usage() {
+  return "usage: ckpt inspect DIR [--json]\n"
+         "       ckpt verify DIR [--threads N]\n"
+         "       ckpt convert DIR --to unified|sharded OUT\n"
+         "       scripts/launch -np K ckpt convert DIR --to unified|sharded OUT\n\n"
+         "  DIR is a checkpoint directory (root/step-NNNNNN) or a checkpoint root (then the checkpoint\n"
+         "  `trainer --resume auto` would load: the one `latest` names, or the newest complete one).\n\n"
+         "  inspect     format, step, world size at save, and every tensor's kind, shape, dtype and bytes\n"
+         "    --json    the same as one JSON object\n"
+         "  verify      every file the COMPLETE marker lists is present with its size, the index covers\n"
+         "              every tensor, and every stored chunk matches its CRC32C; exit 1 naming each problem\n"
+         "    --threads N  files checked at once (default 4)\n"
+         "  convert     rewrite the checkpoint in the other layout into OUT (which must not exist), with\n"
+         "              any number of processes; OUT is complete (COMPLETE marker) or absent\n";
+}
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+CkptCommand parse_command(const std::string& word) {
+  if (word == "inspect") return CkptCommand::Inspect;
+  if (word == "verify") return CkptCommand::Verify;
+  if (word == "convert") return CkptCommand::Convert;
+  ST_FAIL("unknown command '{}': expected inspect, verify or convert (see --help)", word);
+}
+
+/// The arguments after the command: the options into `args`, the rest
+/// returned in order. `have_to` says whether --to was given.
+std::vector<std::string> parse_options(const std::vector<std::string>& argv, CkptArgs& args, bool& have_to) {
+  std::vector<std::string> positional;
+  for (size_t i = 1; i < argv.size(); ++i) {
+    std::string flag = argv[i];
+    std::optional<std::string> inline_value;  // --flag=value
+    if (auto eq = flag.find('='); flag.starts_with("--") && eq != std::string::npos) {
+      inline_value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    auto take_value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      ST_CHECK(i + 1 < argv.size(), "{} needs a value (see --help)", flag);
+      return argv[++i];
+    };
+    if (flag == "--help" || flag == "-h") {
+      args.help = true;
+    } else if (flag == "--json" && args.command == CkptCommand::Inspect) {
+      args.json = true;
+    } else if (flag == "--to" && args.command == CkptCommand::Convert) {
+      const std::string to = take_value();
+      const std::optional<Layout> layout = st::checkpoint::parse_layout(to);
+      ST_CHECK(layout.has_value(), "--to {}: expected unified or sharded", to);
+      args.to = *layout;
+      have_to = true;
+    } else if (flag == "--threads" && args.command == CkptCommand::Verify) {
+      const std::string n = take_value();
+      ST_CHECK(!n.empty() && n.size() < 4 && std::all_of(n.begin(), n.end(), is_digit) && std::stoi(n) > 0,
+               "--threads {}: expected a positive integer", n);
+      args.threads = std::stoi(n);
+    } else if (flag.starts_with("-") && flag != "-") {
+      ST_FAIL("unknown argument '{}' for ckpt {} (see --help)", argv[i], argv[0]);
+    } else {
+      positional.push_back(argv[i]);
+    }
+  }
+  return positional;
+}
+
+/// Parses argv (without the program name); throws st::Error naming the bad argument.
+CkptArgs parse_ckpt_args(const std::vector<std::string>& argv) {
+  CkptArgs args;
+  if (argv.empty() || argv[0] == "--help" || argv[0] == "-h" || argv[0] == "help") {
+    args.help = true;
+    return args;
+  }
+  const std::string& command = argv[0];
+  args.command = parse_command(command);
+  bool have_to = false;
+  const std::vector<std::string> positional = parse_options(argv, args, have_to);
+  if (args.help) return args;
+  if (args.command == CkptCommand::Convert) {
+    ST_CHECK(have_to, "ckpt convert needs --to unified|sharded");
+    ST_CHECK(positional.size() == 2, "ckpt convert needs DIR and OUT: ckpt convert DIR --to unified|sharded OUT");
+    args.dir = positional[0];
+    args.out = positional[1];
+  } else {
+    ST_CHECK(positional.size() == 1, "ckpt {} needs exactly one checkpoint directory, got {}", command,
+             positional.size());
+    args.dir = positional[0];
+  }
+  return args;
+}
+
+/// convert's rewrite of config.json: its torch_dtype by models/hf_config.h's rule.
+st::checkpoint::ConvertOptions convert_options() {
+  st::checkpoint::ConvertOptions options;
+  options.hf_config_name = std::string(st::models::kHfConfigName);
+  options.rewrite_hf_config = [](const std::string& text, st::DType model_dtype, const std::string& path) {
+    return st::models::hf_config_with_torch_dtype(text, st::models::hf_torch_dtype(model_dtype), path);
+  };
+  return options;
+}
 
 /// `rank` is set once the process knows it: errors of a multi-process
 /// convert are agreed by all ranks, so only rank 0 prints them.
 int run(const std::vector<std::string>& argv, int& rank) {
-  using st::launch::CkptCommand;
-  st::launch::CkptArgs args = st::launch::parse_ckpt_args(argv);
+  namespace ckpt = st::checkpoint;
+  const CkptArgs args = parse_ckpt_args(argv);
   if (args.help) {
-    std::fputs(st::launch::ckpt_usage().c_str(), stdout);
+    std::fputs(ckpt_usage().c_str(), stdout);
     return 0;
   }
   switch (args.command) {
     case CkptCommand::Inspect: {
-      st::launch::Inspection inspection = st::launch::inspect_checkpoint(args.dir);
+      const ckpt::Inspection inspection = ckpt::inspect_checkpoint(args.dir);
       if (!inspection.note.empty()) std::fprintf(stderr, "ckpt: %s\n", inspection.note.c_str());
-      const std::string text =
-          args.json ? st::launch::inspection_json(inspection) : st::launch::inspection_text(inspection);
+      const std::string text = args.json ? ckpt::inspection_json(inspection) : ckpt::inspection_text(inspection);
       std::fputs(text.c_str(), stdout);
       return 0;
     }
     case CkptCommand::Verify: {
-      st::launch::VerifyReport report = st::launch::verify_checkpoint(args.dir, args.threads);
+      const ckpt::VerifyReport report = ckpt::verify_checkpoint(args.dir, args.threads);
       if (!report.note.empty()) std::fprintf(stderr, "ckpt: %s\n", report.note.c_str());
       for (const std::string& problem : report.problems) std::fprintf(stderr, "ckpt: %s\n", problem.c_str());
       std::fprintf(report.ok() ? stdout : stderr, "%s\n", report.summary().c_str());
@@ -46,7 +166,8 @@ int run(const std::vector<std::string>& argv, int& rank) {
     case CkptCommand::Convert: {
       st::CommRuntime comm;
       rank = comm.world().rank();
-      const std::string summary = st::launch::convert_checkpoint(args.dir, args.to, args.out, comm.world());
+      const std::string summary =
+          ckpt::convert_checkpoint(args.dir, args.to, args.out, comm.world(), convert_options());
       if (rank == 0) std::printf("%s\n", summary.c_str());
       return 0;
     }

@@ -1,5 +1,6 @@
 // Checkpoint commit protocol: names, the COMPLETE marker, `latest`, resume
-// fallback, retention, and crash safety. The crash tests fork a child that
+// fallback, retention, and crash safety; and fs.h's TempDir, which the ckpt
+// tool publishes its output through. The crash tests fork a child that
 // SIGKILLs itself at each stage of a commit (through the commit hook) and then
 // check, in the parent, what a restarted job would see.
 #include <filesystem>
@@ -7,6 +8,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include "checkpoint/commit.h"
+#include "checkpoint/fs.h"
 #include "checkpoint/state.h"
 #include "core/error.h"
 #include "tests/test_util.h"
@@ -323,6 +326,68 @@ TEST(Resolve, NotADirectoryOrNoCompleteCheckpointIsAnError) {
   const std::string root = tmp.path().string();
   EXPECT_EQ(error_of([&] { resolve_checkpoint_dir(root); }),
             root + " is a checkpoint root without a complete checkpoint");
+}
+
+TEST(TempDir, RemovedWithItsContentsUnlessKept) {
+  TempRoot tmp;
+  const fs::path dropped = tmp.path() / ".out.tmp-1";
+  {
+    TempDir dir(dropped);
+    EXPECT_EQ(dir.path(), dropped);
+    ASSERT_TRUE(fs::is_directory(dropped));
+    fs::create_directories(dropped / "sub");
+    write_text(dropped / "sub" / "a.safetensors", "data");
+  }
+  EXPECT_FALSE(fs::exists(dropped));
+
+  const fs::path kept = tmp.path() / ".out.tmp-2";
+  {
+    TempDir dir(kept);
+    write_text(kept / "COMPLETE", "marker");
+    dir.keep();
+  }
+  EXPECT_EQ(read_text(kept / "COMPLETE"), "marker");
+}
+
+TEST(TempDir, DebrisOfTheSameNameIsReplacedByAnEmptyDirectory) {
+  TempRoot tmp;
+  const fs::path path = tmp.path() / ".out.tmp-3";
+  fs::create_directories(path / "old");
+  write_text(path / "old" / "shard.safetensors", "stale");
+  TempDir dir(path);
+  EXPECT_TRUE(fs::is_directory(path));
+  EXPECT_TRUE(fs::is_empty(path));
+}
+
+TEST(TempDir, MovingHandsOverTheDirectory) {
+  TempRoot tmp;
+  const fs::path first = tmp.path() / ".first";
+  const fs::path second = tmp.path() / ".second";
+  {
+    TempDir outer(first);
+    {
+      TempDir inner(std::move(outer));
+      EXPECT_EQ(inner.path(), first);
+    }
+    EXPECT_FALSE(fs::exists(first));  // removed by the owner it was moved to
+    fs::create_directories(first);    // no longer outer's
+  }
+  EXPECT_TRUE(fs::is_directory(first));  // the moved-from owner removes nothing
+  fs::remove_all(first);
+
+  TempDir a(first);
+  TempDir b(second);
+  a = std::move(b);  // a's own directory goes; it now owns second
+  EXPECT_FALSE(fs::exists(first));
+  EXPECT_EQ(a.path(), second);
+  EXPECT_TRUE(fs::is_directory(second));
+}
+
+TEST(TempDir, ErrorNamesThePath) {
+  TempRoot tmp;
+  const fs::path path = tmp.path() / "no-such-parent" / ".out.tmp-4";
+  EXPECT_TRUE(contains(error_of([&] { TempDir dir(path); }), "cannot create " + path.string() + ": "));
+  EXPECT_FALSE(fs::exists(path));
 }
 
 TEST(TrainerStateFile, RoundTripsEveryField) {
