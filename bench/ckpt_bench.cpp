@@ -75,8 +75,8 @@ struct Args {
   double bytes = 2e9;  // state size: F32 master + exp_avg + exp_avg_sq, all ranks together
   std::string dir;     // where the files go; the disk being measured
   int repeats = 3;
-  bool verify = true;  // LoadOptions::verify (CRC32C of every chunk)
-  int threads = 4;     // LoadOptions::threads
+  bool verify = true;    // LoadOptions::verify (CRC32C of every chunk)
+  int threads = 4;       // LoadOptions::threads
   int save_threads = 2;  // SaveOptions::threads
   std::vector<Layout> layouts{Layout::Unified, Layout::Sharded};
   ModelWeights unified_model = ModelWeights::None;  // extra model-* files of the unified layout
@@ -777,8 +777,7 @@ class Bench {
         if (args_.snapshot)
           out += format("  {:<8} async save: training blocked (stage) {:.3f} s = {:.2f}x the host copy ({:.3f} s)\n",
                         f.layout, part(0), part(0) / median(figs[2].seconds), median(figs[2].seconds));
-      }
-      else
+      } else
         out += format("  {:<8} {}: read_catalog {:.3f} s, load_entries {:.3f} s\n", f.layout, f.op, part(0), part(1));
     }
     auto gbps = [](const Figure& f) { return static_cast<double>(f.bytes) / 1e9 / median(f.seconds); };

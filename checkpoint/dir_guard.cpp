@@ -166,4 +166,56 @@ fs::path move_checkpoints_aside(const fs::path& root) {
   return aside;
 }
 
+std::optional<DirectoryLock> open_run_root(const std::string& dir, bool fresh, bool overwrite, ProcessGroup& world,
+                                           Logger& log) {
+  // The probe first, so an unusable directory is reported as such rather than
+  // as a lock file that cannot be created; its file names are this process's
+  // own, so probing a directory another job holds disturbs nothing.
+  run_on_every_rank(world, [&] {
+    try {
+      probe_writable_dir(dir, format(".probe-rank{}-pid{}", world.rank(), ::getpid()));
+    } catch (const Error& e) {
+      ST_FAIL("checkpoint.dir {}", e.message());
+    }
+  });
+  std::optional<DirectoryLock> lock;
+  run_on_every_rank(world, [&] {
+    if (world.rank() != 0) return;
+    try {
+      lock.emplace(dir);
+    } catch (const Error& e) {
+      ST_FAIL("checkpoint.dir {}", e.message());
+    }
+    if (!fresh) return;
+    const std::vector<std::string> steps = step_dirs(dir);
+    std::error_code ec;
+    if (steps.empty() && !fs::exists(fs::symlink_status(fs::path(dir) / latest_file_name, ec))) return;
+    if (overwrite) {
+      const fs::path aside = move_checkpoints_aside(dir);
+      log.info0("--overwrite: moved {} checkpoint(s) of the earlier run in {} to {}; starting from step 0",
+                steps.size(), dir, aside.string());
+      return;
+    }
+    ST_FAIL(
+        "checkpoint.dir '{}' already holds checkpoints (the newest is {}); a new run there would mix with "
+        "them. Continue that run with --resume auto, start over with --overwrite (moves them aside, deletes "
+        "nothing), or choose another checkpoint.dir",
+        dir, steps.empty() ? std::string(latest_file_name) : steps.back());
+  });
+  return lock;
+}
+
+void check_free_space(const std::string& root, int64_t need, ProcessGroup& group, Logger& log) {
+  run_on_every_rank(group, [&] {
+    const int64_t free = free_bytes(root);
+    ST_CHECK(free >= need,
+             "checkpoint.dir '{}' has {} free, less than one checkpoint of this run needs (about {}); free some "
+             "space or choose another directory",
+             root, human_bytes(free), human_bytes(need));
+    if (free < 2 * need && group.rank() == 0)
+      log.warn("checkpoint.dir '{}' has {} free, room for fewer than two checkpoints of about {} each", root,
+               human_bytes(free), human_bytes(need));
+  });
+}
+
 }  // namespace st::checkpoint

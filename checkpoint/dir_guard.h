@@ -5,8 +5,12 @@
 // temporary directory as debris; see apply_retention()).
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "core/comm.h"
+#include "core/log.h"
 
 namespace st::checkpoint {
 
@@ -53,5 +57,22 @@ std::vector<std::string> step_dirs(const std::filesystem::path& root);
 /// fsyncs root. Nothing is deleted. Returns the new directory. Throws st::Error
 /// naming the path on I/O failure.
 std::filesystem::path move_checkpoints_aside(const std::filesystem::path& root);
+
+/// Start-up checks of a run's checkpoint root, before the model is built, so
+/// a run that could not save fails in its first second. Collective; every
+/// rank throws the same error, naming `root` as checkpoint.dir. Every rank
+/// creates the root and writes, fsyncs and removes a probe file; rank 0 takes
+/// the root's lock (held by the returned object for the run: a second job on
+/// the same root fails here). Then, for a fresh start (`fresh`) in a root that
+/// already holds checkpoints: with `overwrite` rank 0 moves them aside
+/// (move_checkpoints_aside), otherwise every rank fails naming the newest
+/// one, so that two runs never mix in one directory. nullopt on ranks other
+/// than 0.
+std::optional<DirectoryLock> open_run_root(const std::string& root, bool fresh, bool overwrite, ProcessGroup& group,
+                                           Logger& log);
+
+/// Collective: an error when root's file system has room for less than one
+/// checkpoint of `checkpoint_bytes`, a warning (rank 0) below two.
+void check_free_space(const std::string& root, int64_t checkpoint_bytes, ProcessGroup& group, Logger& log);
 
 }  // namespace st::checkpoint

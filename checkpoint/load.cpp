@@ -25,18 +25,6 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return {};
-}
-
 // Read in blocks of this many bytes (checksummed while in cache), and split
 // work into tasks of at most kTaskBytes so the reader threads share it evenly.
 constexpr int64_t kBlockBytes = int64_t{1} << 20;
@@ -95,10 +83,17 @@ const std::pair<const std::pair<std::string, std::string>, StoredTensor>& source
   if (it == cat.tensors.end() && e.kind == kMasterKind) {
     auto model = cat.tensors.find({e.fqn, std::string(kModelKind)});
     if (model != cat.tensors.end()) {
+      // Named by the catalog's first such tensor, not this entry's: every
+      // rank then reports the same message.
+      auto first_model = [&] {
+        for (const auto& [id, t] : cat.tensors)
+          if (id.second == kModelKind && !cat.tensors.contains({id.first, std::string(kMasterKind)})) return id.first;
+        return e.fqn;
+      };
       ST_CHECK(model->second.dtype == DType::F32 || options.master_from_model,
                "checkpoint '{}' has no master weights, only {} model weights ({} is one); add master_weight_compatible "
                "to checkpoint.unified_checkpoint_config to start the F32 master weights from them",
-               cat.dir, model->second.dtype, e.fqn);
+               cat.dir, model->second.dtype, first_model());
       it = model;
     }
   }
@@ -233,7 +228,7 @@ void Loader::read_all() {
   auto worker = [&] {
     std::vector<std::byte> scratch;
     for (size_t i = next++; i < jobs.size(); i = next++) {
-      const std::string err = error_of([&] { run(jobs[i], scratch, mu); });
+      const std::string err = error_message_of([&] { run(jobs[i], scratch, mu); });
       std::lock_guard lock(mu);
       if (!err.empty() && first_error.empty()) first_error = err;
     }

@@ -196,113 +196,124 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   parse_header();
 }
 
-void SafetensorsFile::parse_header() {
-  ST_CHECK(file_size_ >= 8, "safetensors file '{}' is truncated: {} bytes, too short for the 8-byte header length",
-           path_, file_size_);
+namespace {
+
+// The header's JSON object, after the length and encoding checks.
+json read_header_json(int fd, uint64_t file_size, const std::string& path, uint64_t& header_len) {
+  ST_CHECK(file_size >= 8, "safetensors file '{}' is truncated: {} bytes, too short for the 8-byte header length", path,
+           file_size);
   std::byte len_bytes[8];
-  pread_all(fd_.get(), len_bytes, 8, 0, path_);
-  const uint64_t header_len = load_le64(len_bytes);
-  ST_CHECK(header_len <= kMaxHeaderBytes, "safetensors file '{}': header length {} exceeds the limit of {} bytes",
-           path_, header_len, kMaxHeaderBytes);
-  ST_CHECK(header_len <= file_size_ - 8,
-           "safetensors file '{}': header length {} runs past the end of the file ({} bytes)", path_, header_len,
-           file_size_);
+  pread_all(fd, len_bytes, 8, 0, path);
+  header_len = load_le64(len_bytes);
+  ST_CHECK(header_len <= kMaxHeaderBytes, "safetensors file '{}': header length {} exceeds the limit of {} bytes", path,
+           header_len, kMaxHeaderBytes);
+  ST_CHECK(header_len <= file_size - 8,
+           "safetensors file '{}': header length {} runs past the end of the file ({} bytes)", path, header_len,
+           file_size);
   std::string text(header_len, '\0');
-  pread_all(fd_.get(), reinterpret_cast<std::byte*>(text.data()), text.size(), 8, path_);
+  pread_all(fd, reinterpret_cast<std::byte*>(text.data()), text.size(), 8, path);
   // Checked here rather than left to the JSON parser so the message can say
   // where the bad byte is, whatever the parser's own policy on encodings.
   const int64_t bad = find_invalid_utf8(text);
   ST_CHECK(
-      bad < 0, "safetensors file '{}': header is not valid UTF-8 (byte 0x{} at header offset {})", path_,
+      bad < 0, "safetensors file '{}': header is not valid UTF-8 (byte 0x{} at header offset {})", path,
       [&] {
         const char* hex = "0123456789ABCDEF";
         auto c = static_cast<unsigned char>(text[static_cast<size_t>(bad < 0 ? 0 : bad)]);
         return std::string{hex[c >> 4], hex[c & 15]};
       }(),
       bad);
-
   json header;
   try {
     header = json::parse(text);
   } catch (const json::exception& e) {
-    ST_FAIL("safetensors file '{}': header is not valid JSON: {}", path_, e.what());
+    ST_FAIL("safetensors file '{}': header is not valid JSON: {}", path, e.what());
   }
-  ST_CHECK(header.is_object(), "safetensors file '{}': header is a JSON {}, not an object", path_, header.type_name());
+  ST_CHECK(header.is_object(), "safetensors file '{}': header is a JSON {}, not an object", path, header.type_name());
+  return header;
+}
 
-  const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = file_size_ - data_start;
-  struct Span {
-    uint64_t begin, end;
-    std::string name;
-  };
-  std::vector<Span> spans;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") {
-      ST_CHECK(entry.is_object(), "safetensors file '{}': __metadata__ is a JSON {}, not an object", path_,
-               entry.type_name());
-      for (const auto& [key, value] : entry.items()) {
-        ST_CHECK(value.is_string(), "safetensors file '{}': __metadata__ value for key '{}' is a JSON {}, not a string",
-                 path_, key, value.type_name());
-        metadata_[key] = value.get<std::string>();
-      }
-      continue;
-    }
-    const std::string where = format("tensor '{}' in file '{}'", name, path_);
-    ST_CHECK(entry.is_object(), "{}: entry is a JSON {}, not an object", where, entry.type_name());
-    for (const auto& [field, unused] : entry.items())
-      ST_CHECK(field == "dtype" || field == "shape" || field == "data_offsets", "{}: unexpected field '{}'", where,
-               field);
-    for (const char* field : {"dtype", "shape", "data_offsets"})
-      ST_CHECK(entry.contains(field), "{}: missing field '{}'", where, field);
-
-    const json& dtype_json = entry["dtype"];
-    ST_CHECK(dtype_json.is_string(), "{}: 'dtype' is a JSON {}, not a string", where, dtype_json.type_name());
-    const auto dtype_text = dtype_json.get<std::string>();
-    const std::optional<DType> dtype = dtype_from_name(dtype_text);
-    ST_CHECK(dtype.has_value(), "unknown dtype '{}' for tensor '{}' in file '{}' (supported: F32, BF16, I32)",
-             dtype_text, name, path_);
-
-    const json& shape_json = entry["shape"];
-    ST_CHECK(shape_json.is_array(), "{}: 'shape' is a JSON {}, not an array", where, shape_json.type_name());
-    Shape shape;
-    for (const json& d : shape_json) {
-      // nlohmann parses non-negative integer literals as unsigned, negative
-      // ones as signed and anything with '.' or 'e' as float.
-      ST_CHECK(!d.is_number_integer() || d.is_number_unsigned(), "{}: shape {} has a negative dimension", where,
-               shape_json.dump());
-      ST_CHECK(d.is_number_unsigned() && d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
-               "{}: shape {} must hold non-negative integers", where, shape_json.dump());
-      shape.push_back(d.get<int64_t>());
-    }
-
-    const json& offsets_json = entry["data_offsets"];
-    ST_CHECK(offsets_json.is_array() && offsets_json.size() == 2 && offsets_json[0].is_number_unsigned() &&
-                 offsets_json[1].is_number_unsigned(),
-             "{}: 'data_offsets' must be two non-negative integers, got {}", where, offsets_json.dump());
-    const auto begin = offsets_json[0].get<uint64_t>();
-    const auto end = offsets_json[1].get<uint64_t>();
-    ST_CHECK(begin <= end, "{}: data_offsets [{}, {}] end before they begin", where, begin, end);
-
-    const std::optional<uint64_t> numel = checked_numel(shape);
-    uint64_t nbytes = 0;
-    ST_CHECK(numel && !__builtin_mul_overflow(*numel, dtype_size(*dtype), &nbytes),
-             "{}: shape {} has too many elements", where, shape_str(shape));
-    ST_CHECK(nbytes == end - begin, "{}: shape {} of {} needs {} bytes but data_offsets span {}", where,
-             shape_str(shape), *dtype, nbytes, end - begin);
-
-    tensors_[name] = TensorInfo{*dtype, std::move(shape), data_start + begin, nbytes};
-    spans.push_back({begin, end, name});
+std::map<std::string, std::string> parse_metadata(const json& entry, const std::string& path) {
+  ST_CHECK(entry.is_object(), "safetensors file '{}': __metadata__ is a JSON {}, not an object", path,
+           entry.type_name());
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : entry.items()) {
+    ST_CHECK(value.is_string(), "safetensors file '{}': __metadata__ value for key '{}' is a JSON {}, not a string",
+             path, key, value.type_name());
+    out[key] = value.get<std::string>();
   }
+  return out;
+}
 
-  // The data section must be tiled exactly: an overlap would let one write
-  // clobber another tensor, a gap or trailing bytes mean a damaged file.
+Shape parse_shape(const json& shape_json, const std::string& where) {
+  ST_CHECK(shape_json.is_array(), "{}: 'shape' is a JSON {}, not an array", where, shape_json.type_name());
+  Shape shape;
+  for (const json& d : shape_json) {
+    // nlohmann parses non-negative integer literals as unsigned, negative
+    // ones as signed and anything with '.' or 'e' as float.
+    ST_CHECK(!d.is_number_integer() || d.is_number_unsigned(), "{}: shape {} has a negative dimension", where,
+             shape_json.dump());
+    ST_CHECK(d.is_number_unsigned() && d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
+             "{}: shape {} must hold non-negative integers", where, shape_json.dump());
+    shape.push_back(d.get<int64_t>());
+  }
+  return shape;
+}
+
+// One tensor's bytes within the data section.
+struct Span {
+  uint64_t begin, end;
+  std::string name;
+};
+
+// Checks one tensor entry of the header; `info.data_begin` is relative to the data section.
+TensorInfo parse_tensor(const std::string& name, const json& entry, const std::string& path, Span& span) {
+  const std::string where = format("tensor '{}' in file '{}'", name, path);
+  ST_CHECK(entry.is_object(), "{}: entry is a JSON {}, not an object", where, entry.type_name());
+  for (const auto& [field, unused] : entry.items())
+    ST_CHECK(field == "dtype" || field == "shape" || field == "data_offsets", "{}: unexpected field '{}'", where,
+             field);
+  for (const char* field : {"dtype", "shape", "data_offsets"})
+    ST_CHECK(entry.contains(field), "{}: missing field '{}'", where, field);
+
+  const json& dtype_json = entry["dtype"];
+  ST_CHECK(dtype_json.is_string(), "{}: 'dtype' is a JSON {}, not a string", where, dtype_json.type_name());
+  const auto dtype_text = dtype_json.get<std::string>();
+  const std::optional<DType> dtype = dtype_from_name(dtype_text);
+  ST_CHECK(dtype.has_value(), "unknown dtype '{}' for tensor '{}' in file '{}' (supported: F32, BF16, I32)", dtype_text,
+           name, path);
+  Shape shape = parse_shape(entry["shape"], where);
+
+  const json& offsets_json = entry["data_offsets"];
+  ST_CHECK(offsets_json.is_array() && offsets_json.size() == 2 && offsets_json[0].is_number_unsigned() &&
+               offsets_json[1].is_number_unsigned(),
+           "{}: 'data_offsets' must be two non-negative integers, got {}", where, offsets_json.dump());
+  const auto begin = offsets_json[0].get<uint64_t>();
+  const auto end = offsets_json[1].get<uint64_t>();
+  ST_CHECK(begin <= end, "{}: data_offsets [{}, {}] end before they begin", where, begin, end);
+
+  const std::optional<uint64_t> numel = checked_numel(shape);
+  uint64_t nbytes = 0;
+  ST_CHECK(numel && !__builtin_mul_overflow(*numel, dtype_size(*dtype), &nbytes), "{}: shape {} has too many elements",
+           where, shape_str(shape));
+  ST_CHECK(nbytes == end - begin, "{}: shape {} of {} needs {} bytes but data_offsets span {}", where, shape_str(shape),
+           *dtype, nbytes, end - begin);
+  span = Span{begin, end, name};
+  return TensorInfo{*dtype, std::move(shape), begin, nbytes};
+}
+
+// The data section must be tiled exactly: an overlap would let one write
+// clobber another tensor, a gap or trailing bytes mean a damaged file.
+// Returns the names in file order.
+std::vector<std::string> check_tiling(std::vector<Span> spans, uint64_t data_size, const std::string& path) {
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
     return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
   });
+  std::vector<std::string> names;
   uint64_t cursor = 0;
   const std::string* previous = nullptr;
   for (const Span& s : spans) {
-    const std::string where = format("tensor '{}' in file '{}'", s.name, path_);
+    const std::string where = format("tensor '{}' in file '{}'", s.name, path);
     ST_CHECK(s.end <= data_size, "{}: data_offsets [{}, {}] run past the end of the {}-byte data section", where,
              s.begin, s.end, data_size);
     ST_CHECK(s.begin >= cursor, "{}: data_offsets [{}, {}] overlap tensor '{}', which ends at {}", where, s.begin,
@@ -311,10 +322,32 @@ void SafetensorsFile::parse_header() {
              s.begin - cursor, previous ? format("tensor '{}'", *previous) : std::string("the header"));
     cursor = s.end;
     previous = &s.name;
-    names_.push_back(s.name);
+    names.push_back(s.name);
   }
-  ST_CHECK(cursor == data_size, "safetensors file '{}': {} unused bytes after {} at the end of the data section", path_,
+  ST_CHECK(cursor == data_size, "safetensors file '{}': {} unused bytes after {} at the end of the data section", path,
            data_size - cursor, previous ? format("tensor '{}'", *previous) : std::string("the header"));
+  return names;
+}
+
+}  // namespace
+
+void SafetensorsFile::parse_header() {
+  uint64_t header_len = 0;
+  const json header = read_header_json(fd_.get(), file_size_, path_, header_len);
+  const uint64_t data_start = 8 + header_len;
+  std::vector<Span> spans;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      metadata_ = parse_metadata(entry, path_);
+      continue;
+    }
+    Span span;
+    TensorInfo info = parse_tensor(name, entry, path_, span);
+    info.data_begin += data_start;
+    tensors_[name] = std::move(info);
+    spans.push_back(std::move(span));
+  }
+  names_ = check_tiling(std::move(spans), file_size_ - data_start, path_);
 }
 
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {

@@ -24,18 +24,6 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();  // without the source location: these messages reach users
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return {};
-}
-
 // Host memory holding an entry's data: the entry itself, or a private copy
 // (a snapshot, or the host copy of device memory).
 Tensor host_source(const Tensor& t, bool snapshot) {
@@ -185,7 +173,7 @@ void StagedSave::Impl::write_files() {
     std::vector<std::byte> scratch;
     for (size_t i = next++; i < all.size(); i = next++) {
       PieceSum sum;
-      const std::string err = error_of([&] { sum = run(all[i], fds.at(all[i].write->file).get(), scratch); });
+      const std::string err = error_message_of([&] { sum = run(all[i], fds.at(all[i].write->file).get(), scratch); });
       std::lock_guard lock(mu);
       if (!err.empty() && first_error.empty()) first_error = err;
       if (err.empty()) sums.push_back(sum);
@@ -205,7 +193,7 @@ void StagedSave::Impl::write_files() {
   std::vector<std::thread> syncs;
   for (size_t i = 0; i < to_sync.size(); ++i)
     syncs.emplace_back([&, i] {
-      errors[i] = error_of(
+      errors[i] = error_message_of(
           [&] { fsync_fd(to_sync[i].second, format("checkpoint file '{}'", plan.files[to_sync[i].first].name)); });
     });
   for (std::thread& t : syncs) t.join();
@@ -216,7 +204,7 @@ void StagedSave::Impl::write_files() {
 
 void StagedSave::write() {
   Impl& s = *impl_;
-  s.error = error_of([&] { s.write_files(); });
+  s.error = error_message_of([&] { s.write_files(); });
   s.sources.clear();  // free the snapshot as soon as it is on disk
   s.written = true;
 }
@@ -289,7 +277,7 @@ std::vector<std::string> StagedSave::finish() {
   // Every rank combines the same sums, so every rank reaches the same verdict.
   std::vector<std::vector<uint32_t>> crcs;
   run_on_every_rank(group, [&] {
-    const std::string error = error_of([&] { crcs = combine_piece_sums(s.plan, sums); });
+    const std::string error = error_message_of([&] { crcs = combine_piece_sums(s.plan, sums); });
     ST_CHECK(error.empty(), "checkpoint save: writing the checkpoint files failed: {}", error);
   });
   std::vector<std::string> names;
@@ -299,7 +287,7 @@ std::vector<std::string> StagedSave::finish() {
         s.plan.layout == Layout::Unified ? unified_indexes(s.plan, crcs, group.size())
                                          : sharded_index(s.plan, s.view, crcs, group.size());
     for (const FilePlan& f : s.plan.files) names.push_back(f.name);
-    const std::string error = error_of([&] {
+    const std::string error = error_message_of([&] {
       for (const auto& [name, text] : indexes) {
         write_file_atomic(fs::path(s.dir) / name, text);
         names.push_back(name);

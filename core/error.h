@@ -30,6 +30,21 @@ class AgreedError : public Error {
   using Error::Error;
 };
 
+/// The message of the exception `f` throws (an st::Error's without its
+/// source location: these messages reach users), or "" when it returns. For
+/// worker threads and ranks that must finish before an error is shared.
+template <class F>
+std::string error_message_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 /// Text of an MPI error code (implemented by the MPI backend; a build

@@ -100,43 +100,8 @@ void check_checkpoint_config(const Config& config, const std::string& resume, bo
 std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& config, ProcessGroup& world,
                                                                 const std::string& resume, bool overwrite,
                                                                 Logger& log) {
-  const std::string& dir = config.checkpoint.dir;
-  if (dir.empty()) return std::nullopt;
-  // The probe first, so an unusable directory is reported as such rather than
-  // as a lock file that cannot be created; its file names are this process's
-  // own, so probing a directory another job holds disturbs nothing.
-  run_on_every_rank(world, [&] {
-    try {
-      checkpoint::probe_writable_dir(dir, format(".probe-rank{}-pid{}", world.rank(), ::getpid()));
-    } catch (const Error& e) {
-      ST_FAIL("checkpoint.dir {}", e.message());
-    }
-  });
-  std::optional<checkpoint::DirectoryLock> lock;
-  run_on_every_rank(world, [&] {
-    if (world.rank() != 0) return;
-    try {
-      lock.emplace(dir);
-    } catch (const Error& e) {
-      ST_FAIL("checkpoint.dir {}", e.message());
-    }
-    if (resume != "never") return;
-    const std::vector<std::string> steps = checkpoint::step_dirs(dir);
-    std::error_code ec;
-    if (steps.empty() && !fs::exists(fs::symlink_status(fs::path(dir) / checkpoint::latest_file_name, ec))) return;
-    if (overwrite) {
-      const fs::path aside = checkpoint::move_checkpoints_aside(dir);
-      log.info0("--overwrite: moved {} checkpoint(s) of the earlier run in {} to {}; starting from step 0",
-                steps.size(), dir, aside.string());
-      return;
-    }
-    ST_FAIL(
-        "checkpoint.dir '{}' already holds checkpoints (the newest is {}); a new run there would mix with "
-        "them. Continue that run with --resume auto, start over with --overwrite (moves them aside, deletes "
-        "nothing), or choose another checkpoint.dir",
-        dir, steps.empty() ? std::string(checkpoint::latest_file_name) : steps.back());
-  });
-  return lock;
+  if (config.checkpoint.dir.empty()) return std::nullopt;
+  return checkpoint::open_run_root(config.checkpoint.dir, resume == "never", overwrite, world, log);
 }
 
 Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, optim::Optimizer& optimizer,
@@ -161,17 +126,7 @@ Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, opti
   int64_t per_param = 4 * static_cast<int64_t>(model.segments().empty() ? 0 : optimizer.state(0).size());
   if (unified && !skip_model) per_param += static_cast<int64_t>(dtype_size(dtype));
   if (!unified || checkpoint::unified_needs_master_files(!skip_model, dtype)) per_param += 4;
-  const int64_t need = per_param * num_parameters;
-  run_on_every_rank(world_, [&] {
-    const int64_t free = checkpoint::free_bytes(c.dir);
-    ST_CHECK(free >= need,
-             "checkpoint.dir '{}' has {} free, less than one checkpoint of this run needs (about {}); free some "
-             "space or choose another directory",
-             c.dir, human_bytes(free), human_bytes(need));
-    if (free < 2 * need && world_.rank() == 0)
-      log_.warn("checkpoint.dir '{}' has {} free, room for fewer than two checkpoints of about {} each", c.dir,
-                human_bytes(free), human_bytes(need));
-  });
+  checkpoint::check_free_space(c.dir, per_param * num_parameters, world_, log_);
 }
 
 Checkpointer::~Checkpointer() = default;
