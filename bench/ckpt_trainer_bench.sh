@@ -9,6 +9,7 @@
 # copied to host in X s" and "resumed ... read in X s" lines).
 #
 #   bench/ckpt_trainer_bench.sh [--dir /tmp/ckt] [--repeats 5] [--ranks "1 2 4"] [--out DIR] [--no-build]
+#                               [--trainer PATH]   (another build's trainer, e.g. an older commit's)
 #
 # Prints one table row per (world size, figure): median seconds, GB/s of
 # checkpoint file bytes, the ratio to raw (write+fsync for saves, read for
@@ -22,6 +23,7 @@ ranks="1 2 4"
 out=""
 build=1
 settle=2
+trainer=build/trainer
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) dir="$2"; shift 2 ;;
@@ -30,7 +32,8 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     --settle) settle="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --trainer) trainer="$2"; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "ckpt_trainer_bench: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -57,7 +60,7 @@ for rep in $(seq "$repeats"); do
       rm -rf "$root"
       log="$out/w$w-$layout-r$rep"
       quiet
-      scripts/launch -np "$w" build/trainer --config "$config" --set checkpoint.dir="$root" \
+      scripts/launch -np "$w" "$trainer" --config "$config" --set checkpoint.dir="$root" \
         --set checkpoint.format="$layout" > "$log.save" 2>&1
       step="$root/step-000001"
       bytes=$(file_bytes "$step")
@@ -65,7 +68,7 @@ for rep in $(seq "$repeats"); do
       for lw in "$w" "$(other_world "$w")"; do
         build/ckpt_bench --drop-cache "$step" > /dev/null
         quiet
-        scripts/launch -np "$lw" build/trainer --config "$config" --resume "$step" --steps 2 > "$log.load$lw" 2>&1
+        scripts/launch -np "$lw" "$trainer" --config "$config" --resume "$step" --steps 2 > "$log.load$lw" 2>&1
         figure="$layout load"
         [ "$lw" = "$w" ] || figure="$layout load resharded"
         record "$w" "$figure" "$(seconds_after "$log.load$lw" in 'resumed from')" "$bytes"
@@ -73,16 +76,18 @@ for rep in $(seq "$repeats"); do
       if [ "$layout" = unified ]; then
         rm -rf "$root"
         quiet
-        scripts/launch -np "$w" build/trainer --config "$config" --set checkpoint.dir="$root" \
+        scripts/launch -np "$w" "$trainer" --config "$config" --set checkpoint.dir="$root" \
           --set checkpoint.async=true > "$log.async" 2>&1
         record "$w" "async blocked" "$(seconds_after "$log.async" in 'state copied to host')" "$bytes"
-        # The disk and memory for the same bytes, on the same ranks.
-        scripts/launch -np "$w" build/ckpt_bench --layouts none --bytes "$bytes" --repeats 1 --settle "$settle" \
+        # The disk and memory for the same bytes, on the same ranks: the median
+        # of 3 (a fresh process's first write also pays for fresh page-cache
+        # pages from the host, which the trainer's save does not).
+        scripts/launch -np "$w" build/ckpt_bench --layouts none --bytes "$bytes" --repeats 3 --settle "$settle" \
           --dir "$dir" > "$log.raw" 2>&1
         for f in "write+fsync" "read" "host copy"; do
-          # Columns: layout op [op] GB seconds GB/s vs-raw seconds-of-the-repeat.
+          # Columns: layout op [op] GB median-seconds GB/s vs-raw and the 3 repeats.
           row=$(awk -v f="$f" '($1 == "raw" || $1 == "memory") && index($0, " " f " ") {print; exit}' "$log.raw")
-          record "$w" "raw $f" "$(awk '{print $(NF-3)}' <<< "$row")" "$(awk '{printf "%.0f", $(NF-4) * 1e9}' <<< "$row")"
+          record "$w" "raw $f" "$(awk '{print $(NF-5)}' <<< "$row")" "$(awk '{printf "%.0f", $(NF-6) * 1e9}' <<< "$row")"
         done
       fi
       rm -rf "$root"

@@ -29,7 +29,6 @@ constexpr std::array<std::string_view, 13> stage_names = {
     "temp_dir_synced",   "renamed",        "root_synced",  "old_step_removed", "latest_tmp_written",
     "latest_tmp_synced", "latest_renamed", "committed"};
 
-constexpr std::string_view marker_header = "shardtrain checkpoint";
 constexpr std::string_view latest_tmp_name = ".latest.tmp";
 constexpr std::string_view tmp_prefix = ".tmp-";
 
@@ -39,196 +38,15 @@ void remove_tree(const fs::path& path) {
   ST_CHECK(!ec, "cannot remove {}: {}", path.string(), ec.message());
 }
 
-std::string crc_hex(std::string_view text) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%08x", crc32c(std::as_bytes(std::span(text.data(), text.size()))));
-  return buf;
-}
-
-std::string trim(std::string s) {
-  const char* space = " \t\r\n";
-  s.erase(0, std::min(s.find_first_not_of(space), s.size()));
-  s.erase(s.find_last_not_of(space) + 1);
-  return s;
-}
-
-/// Content of `path`, or nullopt when it does not exist.
-/// The contents of `path`, a small regular file (`latest`, a COMPLETE
-/// marker). nullopt, with the reason in `problem`, when it is missing, cannot
-/// be reached (a symlink loop, no permission), is not a regular file or is
-/// unreadable. Anything but a regular file is refused before it is opened, so
-/// a FIFO never blocks and a directory never reads as empty.
-std::optional<std::string> read_small_file(const fs::path& path, std::string* problem = nullptr) {
-  auto fail = [&](std::string why) -> std::optional<std::string> {
-    if (problem) *problem = format("{} {}", path.string(), why);
-    return std::nullopt;
-  };
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory) return fail("cannot be opened: " + ec.message());
-  if (!fs::exists(st)) return fail("does not exist");
-  if (!fs::is_regular_file(st))
-    return fail(fs::is_directory(st) ? "is a directory, not a file" : "is not a regular file");
-  constexpr uintmax_t kMaxBytes = 1 << 20;  // a marker lists a few files; anything larger is not ours
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec || size > kMaxBytes)
-    return fail(ec ? "cannot be read: " + ec.message() : format("has {} bytes, too many", size));
-  std::ifstream in(path, std::ios::binary);
-  if (!in.good()) return fail("cannot be opened: " + errno_text());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return fail("cannot be read: " + errno_text());
-  return ss.str();
-}
-
-/// The marker's text up to its crc32c line: header, step, and one line per
-/// file with its size; each file is fsynced first, so the marker never vouches
-/// for data that is not yet durable.
-std::string marker_body(const fs::path& dir, int64_t step, const std::vector<std::string>& files_written) {
-  std::string marker = format("{}\nstep {}\n", marker_header, step);
-  for (const std::string& name : files_written) {
-    ST_CHECK(!name.empty() && name.find_first_of("/\n") == std::string::npos && name != "." && name != ".." &&
-                 name != complete_marker_name,
-             "checkpoint file name '{}' must be a plain file name inside {}", name, dir.string());
-    fs::path file = dir / name;
-    std::error_code ec;
-    uintmax_t size = fs::file_size(file, ec);
-    ST_CHECK(!ec, "checkpoint file {} cannot be read: {}", file.string(), ec.message());
-    fsync_path(file, PathKind::File);
-    marker += format("file {} {}\n", size, name);
-  }
-  return marker;
-}
-
 std::optional<int64_t> latest_step(const fs::path& root) {
   auto text = read_small_file(root / latest_file_name);
   if (!text) return std::nullopt;
-  return parse_step_dir_name(trim(*text));
+  return parse_step_dir_name(trim_space(*text));
 }
 
 }  // namespace
 
-std::string step_dir_name(int64_t step) {
-  ST_CHECK(step >= 0, "checkpoint step must be >= 0, got {}", step);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step-%06lld", static_cast<long long>(step));
-  return buf;
-}
-
-std::optional<int64_t> parse_step_dir_name(std::string_view name) {
-  constexpr std::string_view prefix = "step-";
-  if (!name.starts_with(prefix)) return std::nullopt;
-  std::string_view digits = name.substr(prefix.size());
-  // 18 digits cannot overflow int64_t; longer names are not ours.
-  if (digits.size() < 6 || digits.size() > 18) return std::nullopt;
-  int64_t step = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return std::nullopt;
-    step = step * 10 + (c - '0');
-  }
-  // Only the canonical spelling: "step-0000200" would be a second name for step 200.
-  if (step_dir_name(step) != name) return std::nullopt;
-  return step;
-}
-
 std::span<const std::string_view> commit_stages() { return stage_names; }
-
-std::string incomplete_reason(const fs::path& dir, int64_t step) {
-  std::error_code ec;
-  const bool is_dir = fs::is_directory(dir, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory) return "directory cannot be opened: " + ec.message();
-  if (!is_dir) return "directory does not exist";
-  std::string problem;
-  auto marker = read_small_file(dir / complete_marker_name, &problem);
-  if (!marker) {
-    std::error_code missing;
-    if (!fs::exists(fs::symlink_status(dir / complete_marker_name, missing))) return "missing COMPLETE marker";
-    return "COMPLETE marker unusable: " + problem;
-  }
-  // The last line is the CRC32C of everything before it: a torn or edited
-  // marker must not vouch for files it no longer describes.
-  const std::string& text = *marker;
-  size_t crc_at = text.rfind("crc32c ");
-  if (crc_at == std::string::npos || (crc_at > 0 && text[crc_at - 1] != '\n'))
-    return "COMPLETE marker is truncated (no crc32c line)";
-  if (trim(text.substr(crc_at + 7)) != crc_hex(std::string_view(text).substr(0, crc_at)))
-    return "COMPLETE marker fails its crc32c check";
-  std::istringstream in(text.substr(0, crc_at));
-  std::string line;
-  if (!std::getline(in, line) || line != marker_header) return "COMPLETE marker has no header";
-  if (!std::getline(in, line) || line != "step " + std::to_string(step))
-    return format("COMPLETE marker is for '{}', not step {}", line, step);
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string kind;
-    uintmax_t size = 0;
-    if (!(fields >> kind >> size) || kind != "file") return format("COMPLETE marker has a bad line '{}'", line);
-    std::string name;
-    std::getline(fields >> std::ws, name);
-    std::error_code size_ec;
-    uintmax_t actual = fs::file_size(dir / name, size_ec);
-    if (size_ec) return format("{} is missing ({})", name, size_ec.message());
-    if (actual != size) return format("{} has {} bytes, COMPLETE lists {}", name, actual, size);
-  }
-  return {};
-}
-
-CompleteMarker read_complete_marker(const fs::path& dir) {
-  CompleteMarker out;
-  auto marker = read_small_file(dir / complete_marker_name);
-  if (!marker) {
-    out.problem = "missing COMPLETE marker";
-    return out;
-  }
-  const std::string& text = *marker;
-  size_t crc_at = text.rfind("crc32c ");
-  if (crc_at == std::string::npos || (crc_at > 0 && text[crc_at - 1] != '\n')) {
-    out.problem = "COMPLETE marker is truncated (no crc32c line)";
-    return out;
-  }
-  if (trim(text.substr(crc_at + 7)) != crc_hex(std::string_view(text).substr(0, crc_at))) {
-    out.problem = "COMPLETE marker fails its crc32c check";
-    return out;
-  }
-  std::istringstream in(text.substr(0, crc_at));
-  std::string line;
-  if (!std::getline(in, line) || line != marker_header) {
-    out.problem = "COMPLETE marker has no header";
-    return out;
-  }
-  std::optional<int64_t> step;
-  if (std::getline(in, line) && line.starts_with("step ")) {
-    // The marker holds the plain decimal; padded to step_dir_name's six digits,
-    // parse_step_dir_name accepts exactly the canonical spellings.
-    std::string digits = line.substr(5);
-    if (digits.size() < 6) digits.insert(0, 6 - digits.size(), '0');
-    step = parse_step_dir_name("step-" + digits);
-  }
-  if (!step) {
-    out.problem = format("COMPLETE marker has a bad step line '{}'", line);
-    return out;
-  }
-  out.step = *step;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string kind;
-    MarkerFile file;
-    if (!(fields >> kind >> file.size) || kind != "file") {
-      out.problem = format("COMPLETE marker has a bad line '{}'", line);
-      return out;
-    }
-    std::getline(fields >> std::ws, file.name);
-    out.files.push_back(std::move(file));
-  }
-  return out;
-}
-
-void write_complete_marker(const fs::path& dir, int64_t step, const std::vector<std::string>& files_written) {
-  std::string marker = marker_body(dir, step, files_written);
-  marker += "crc32c " + crc_hex(marker) + "\n";
-  write_file_synced(dir / complete_marker_name, marker, {});
-  fsync_path(dir, PathKind::Directory);
-}
 
 PendingCheckpoint::PendingCheckpoint(fs::path root, int64_t step, CommitHook hook)
     : root_(std::move(root)), step_(step), hook_(std::move(hook)) {
@@ -269,10 +87,8 @@ void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
   ST_CHECK(!committed_, "checkpoint {} was already committed", final_path().string());
   stage("commit_begin");
 
-  std::string marker = marker_body(path_, step_, files_written);
+  const std::string marker = complete_marker_text(path_, step_, files_written);
   stage("files_synced");
-
-  marker += "crc32c " + crc_hex(marker) + "\n";
   write_file_synced(path_ / complete_marker_name, marker, [&] { stage("marker_written"); });
   stage("marker_synced");
   // The directory entries (files and marker) must be durable before the rename
@@ -386,8 +202,8 @@ std::optional<ResumeChoice> choose_resume(const fs::path& root) {
   auto text = read_small_file(root / latest_file_name, &problem);
   if (!text) {
     // `problem` says why: missing, a directory, a FIFO, a symlink loop, unreadable.
-  } else if (auto step = parse_step_dir_name(trim(*text)); !step) {
-    problem = format("{} holds '{}', not a step-NNNNNN name", (root / latest_file_name).string(), trim(*text));
+  } else if (auto step = parse_step_dir_name(trim_space(*text)); !step) {
+    problem = format("{} holds '{}', not a step-NNNNNN name", (root / latest_file_name).string(), trim_space(*text));
   } else {
     fs::path dir = root / step_dir_name(*step);
     std::string reason = incomplete_reason(dir, *step);

@@ -21,19 +21,11 @@
 #include <string_view>
 #include <vector>
 
+#include "checkpoint/index.h"
 #include "core/error.h"
 
 namespace st::checkpoint {
 
-/// "step-000200": the directory name of `step` (at least 6 digits; step >= 0).
-std::string step_dir_name(int64_t step);
-
-/// The step of a name written by step_dir_name ("step-" and >= 6 digits, nothing
-/// else); nullopt for any other name.
-std::optional<int64_t> parse_step_dir_name(std::string_view name);
-
-/// Name of the marker file inside a committed checkpoint directory.
-inline constexpr std::string_view complete_marker_name = "COMPLETE";
 /// Name of the file in the root that names the checkpoint to resume from.
 inline constexpr std::string_view latest_file_name = "latest";
 /// Name of the file inside a checkpoint directory that holds the trainer's state.
@@ -47,37 +39,6 @@ using CommitHook = std::function<void(std::string_view stage)>;
 /// The stages passed to a CommitHook, in the order they are reached: the
 /// constructor reports the first, commit() the rest, each one exactly once.
 std::span<const std::string_view> commit_stages();
-
-/// Empty when `dir` holds a complete checkpoint of `step`: a COMPLETE marker
-/// that is intact (its CRC32C matches), names `step`, and lists files that all
-/// exist with the listed sizes. Otherwise the reason, e.g. "missing COMPLETE
-/// marker" or "model.safetensors has 10 bytes, COMPLETE lists 20".
-std::string incomplete_reason(const std::filesystem::path& dir, int64_t step);
-
-/// One file a COMPLETE marker lists.
-struct MarkerFile {
-  std::string name;  // plain file name inside the checkpoint directory
-  uintmax_t size = 0;
-};
-
-/// A COMPLETE marker as read back, without looking at the files it lists.
-struct CompleteMarker {
-  int64_t step = -1;
-  std::vector<MarkerFile> files;
-  std::string problem;  // empty when the marker exists, passes its crc32c check and parses
-};
-
-/// Reads dir/COMPLETE, so that a checker (`ckpt verify`) can report every
-/// listed file that is missing or has the wrong size, not only the first.
-CompleteMarker read_complete_marker(const std::filesystem::path& dir);
-
-/// Fsyncs `files_written` (plain names inside `dir`), writes a COMPLETE marker
-/// for `step` listing them with their sizes, and fsyncs the marker and `dir`.
-/// For a checkpoint directory published other than by PendingCheckpoint (the
-/// output of `ckpt convert`, renamed into place by its caller); the marker is
-/// the same one commit() writes. Throws st::Error naming the path.
-void write_complete_marker(const std::filesystem::path& dir, int64_t step,
-                           const std::vector<std::string>& files_written);
 
 /// A checkpoint being written: owns root/.tmp-step-NNNNNN-<pid> until commit().
 /// Move-only; destroying it uncommitted removes the temporary directory (a

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <system_error>
 #include <utility>
 
@@ -135,6 +137,36 @@ void TempDir::remove_unless_kept() noexcept {
   if (kept_) return;
   std::error_code ec;  // ignored: see the class comment
   fs::remove_all(path_, ec);
+}
+
+std::optional<std::string> read_small_file(const std::filesystem::path& path, std::string* problem) {
+  auto fail = [&](std::string why) -> std::optional<std::string> {
+    if (problem) *problem = format("{} {}", path.string(), why);
+    return std::nullopt;
+  };
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) return fail("cannot be opened: " + ec.message());
+  if (!fs::exists(st)) return fail("does not exist");
+  if (!fs::is_regular_file(st))
+    return fail(fs::is_directory(st) ? "is a directory, not a file" : "is not a regular file");
+  constexpr uintmax_t kMaxBytes = 1 << 20;  // a marker lists a few files; anything larger is not ours
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec || size > kMaxBytes)
+    return fail(ec ? "cannot be read: " + ec.message() : format("has {} bytes, too many", size));
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) return fail("cannot be opened: " + errno_text());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return fail("cannot be read: " + errno_text());
+  return ss.str();
+}
+
+std::string trim_space(std::string s) {
+  const char* space = " \t\r\n";
+  s.erase(0, std::min(s.find_first_not_of(space), s.size()));
+  s.erase(s.find_last_not_of(space) + 1);
+  return s;
 }
 
 }  // namespace st::checkpoint

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -99,5 +100,16 @@ class TempDir {
   std::filesystem::path path_;
   bool kept_ = false;
 };
+
+/// The contents of `path`, a small regular file (`latest`, a COMPLETE
+/// marker, at most 1 MiB). nullopt, with "<path> <why>" in `problem`, when it
+/// is missing, cannot be reached (a symlink loop, no permission), is not a
+/// regular file, is larger or is unreadable. Anything but a regular file is
+/// refused before it is opened, so a FIFO never blocks and a directory never
+/// reads as empty.
+std::optional<std::string> read_small_file(const std::filesystem::path& path, std::string* problem = nullptr);
+
+/// `text` without leading and trailing spaces, tabs and line ends.
+std::string trim_space(std::string text);
 
 }  // namespace st::checkpoint

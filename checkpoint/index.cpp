@@ -7,10 +7,14 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <span>
 #include <sstream>
+#include <system_error>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checksum.h"
+#include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 
@@ -43,6 +47,29 @@ std::optional<Layout> parse_layout(std::string_view name) {
   if (name == layout_name(Layout::Unified)) return Layout::Unified;
   if (name == layout_name(Layout::Sharded)) return Layout::Sharded;
   return std::nullopt;
+}
+
+std::string step_dir_name(int64_t step) {
+  ST_CHECK(step >= 0, "checkpoint step must be >= 0, got {}", step);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%06lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::optional<int64_t> parse_step_dir_name(std::string_view name) {
+  constexpr std::string_view prefix = "step-";
+  if (!name.starts_with(prefix)) return std::nullopt;
+  std::string_view digits = name.substr(prefix.size());
+  // 18 digits cannot overflow int64_t; longer names are not ours.
+  if (digits.size() < 6 || digits.size() > 18) return std::nullopt;
+  int64_t step = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    step = step * 10 + (c - '0');
+  }
+  // Only the canonical spelling: "step-0000200" would be a second name for step 200.
+  if (step_dir_name(step) != name) return std::nullopt;
+  return step;
 }
 
 std::string unified_file_name(std::string_view family, int k, int n) {
@@ -269,6 +296,118 @@ Catalog read_catalog(const std::string& dir) {
   ST_CHECK(any, "'{}' is not a checkpoint: it has none of {}, {}, model.safetensors", dir, kShardedIndexName,
            kModelIndexName);
   return cat;
+}
+
+namespace {
+
+constexpr std::string_view marker_header = "shardtrain checkpoint";
+
+std::string crc_hex(std::string_view text) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", crc32c(std::as_bytes(std::span(text.data(), text.size()))));
+  return buf;
+}
+
+/// The marker's text up to its crc32c line: header, step, and one line per
+/// file with its size; each file is fsynced first, so the marker never vouches
+/// for data that is not yet durable.
+std::string marker_body(const fs::path& dir, int64_t step, const std::vector<std::string>& files_written) {
+  std::string marker = format("{}\nstep {}\n", marker_header, step);
+  for (const std::string& name : files_written) {
+    ST_CHECK(!name.empty() && name.find_first_of("/\n") == std::string::npos && name != "." && name != ".." &&
+                 name != complete_marker_name,
+             "checkpoint file name '{}' must be a plain file name inside {}", name, dir.string());
+    fs::path file = dir / name;
+    std::error_code ec;
+    uintmax_t size = fs::file_size(file, ec);
+    ST_CHECK(!ec, "checkpoint file {} cannot be read: {}", file.string(), ec.message());
+    fsync_path(file, PathKind::File);
+    marker += format("file {} {}\n", size, name);
+  }
+  return marker;
+}
+
+}  // namespace
+
+CompleteMarker read_complete_marker(const fs::path& dir) {
+  CompleteMarker out;
+  std::string problem;
+  auto marker = read_small_file(dir / complete_marker_name, &problem);
+  if (!marker) {
+    std::error_code missing;
+    out.problem = fs::exists(fs::symlink_status(dir / complete_marker_name, missing))
+                      ? "COMPLETE marker unusable: " + problem
+                      : "missing COMPLETE marker";
+    return out;
+  }
+  const std::string& text = *marker;
+  size_t crc_at = text.rfind("crc32c ");
+  if (crc_at == std::string::npos || (crc_at > 0 && text[crc_at - 1] != '\n')) {
+    out.problem = "COMPLETE marker is truncated (no crc32c line)";
+    return out;
+  }
+  if (trim_space(text.substr(crc_at + 7)) != crc_hex(std::string_view(text).substr(0, crc_at))) {
+    out.problem = "COMPLETE marker fails its crc32c check";
+    return out;
+  }
+  std::istringstream in(text.substr(0, crc_at));
+  std::string line;
+  if (!std::getline(in, line) || line != marker_header) {
+    out.problem = "COMPLETE marker has no header";
+    return out;
+  }
+  std::optional<int64_t> step;
+  if (std::getline(in, line) && line.starts_with("step ")) {
+    // The marker holds the plain decimal; padded to step_dir_name's six digits,
+    // parse_step_dir_name accepts exactly the canonical spellings.
+    std::string digits = line.substr(5);
+    if (digits.size() < 6) digits.insert(0, 6 - digits.size(), '0');
+    step = parse_step_dir_name("step-" + digits);
+  }
+  if (!step) {
+    out.problem = format("COMPLETE marker has a bad step line '{}'", line);
+    return out;
+  }
+  out.step = *step;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string kind;
+    MarkerFile file;
+    if (!(fields >> kind >> file.size) || kind != "file") {
+      out.problem = format("COMPLETE marker has a bad line '{}'", line);
+      return out;
+    }
+    std::getline(fields >> std::ws, file.name);
+    out.files.push_back(std::move(file));
+  }
+  return out;
+}
+
+std::string complete_marker_text(const fs::path& dir, int64_t step, const std::vector<std::string>& files_written) {
+  std::string marker = marker_body(dir, step, files_written);
+  return marker + "crc32c " + crc_hex(marker) + "\n";
+}
+
+void write_complete_marker(const fs::path& dir, int64_t step, const std::vector<std::string>& files_written) {
+  write_file_synced(dir / complete_marker_name, complete_marker_text(dir, step, files_written), {});
+  fsync_path(dir, PathKind::Directory);
+}
+
+std::string incomplete_reason(const fs::path& dir, int64_t step) {
+  std::error_code ec;
+  const bool is_dir = fs::is_directory(dir, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) return "directory cannot be opened: " + ec.message();
+  if (!is_dir) return "directory does not exist";
+  const CompleteMarker marker = read_complete_marker(dir);
+  if (!marker.problem.empty()) return marker.problem;
+  if (marker.step != step) return format("COMPLETE marker is for step {}, not step {}", marker.step, step);
+  for (const MarkerFile& f : marker.files) {
+    std::error_code size_ec;
+    const uintmax_t actual = fs::file_size(dir / f.name, size_ec);
+    if (size_ec) return format("{} is missing ({})", f.name, size_ec.message());
+    if (actual != f.size) return format("{} has {} bytes, COMPLETE lists {}", f.name, actual, f.size);
+  }
+  return {};
 }
 
 }  // namespace st::checkpoint

@@ -26,6 +26,7 @@
 // Keys only have to be unique within one file: loaders take file and key from
 // the index and never parse a key.
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -65,6 +66,13 @@ inline constexpr std::string_view kHuggingFaceFormat = "huggingface";
 inline bool unified_needs_master_files(bool model_weights, DType model_dtype) {
   return !model_weights || model_dtype != DType::F32;
 }
+
+/// "step-000200": the directory name of `step` (at least 6 digits; step >= 0).
+std::string step_dir_name(int64_t step);
+
+/// The step of a name written by step_dir_name ("step-" and >= 6 digits, nothing
+/// else); nullopt for any other name.
+std::optional<int64_t> parse_step_dir_name(std::string_view name);
 
 /// "model-00002-of-00004.safetensors".
 std::string unified_file_name(std::string_view family, int k, int n);
@@ -126,5 +134,52 @@ std::string unified_index_text(std::string_view family, int world_size, const st
 std::string sharded_index_text(int world_size,
                                const std::map<std::pair<std::string, std::string>, std::pair<Shape, DType>>& tensors,
                                const std::vector<ChunkRecord>& chunks);
+
+// ---- The COMPLETE marker: the only thing that makes a checkpoint complete ----
+//
+//   shardtrain checkpoint
+//   step N
+//   file <bytes> <name>        one line per file of the checkpoint
+//   crc32c <8 hex digits>      of everything above
+
+/// Name of the marker file inside a committed checkpoint directory.
+inline constexpr std::string_view complete_marker_name = "COMPLETE";
+/// Empty when `dir` holds a complete checkpoint of `step`: a COMPLETE marker
+/// that is intact (its CRC32C matches), names `step`, and lists files that all
+/// exist with the listed sizes. Otherwise the reason, e.g. "missing COMPLETE
+/// marker" or "model.safetensors has 10 bytes, COMPLETE lists 20".
+std::string incomplete_reason(const std::filesystem::path& dir, int64_t step);
+
+/// One file a COMPLETE marker lists.
+struct MarkerFile {
+  std::string name;  // plain file name inside the checkpoint directory
+  uintmax_t size = 0;
+};
+
+/// A COMPLETE marker as read back, without looking at the files it lists.
+struct CompleteMarker {
+  int64_t step = -1;
+  std::vector<MarkerFile> files;
+  std::string problem;  // empty when the marker exists, passes its crc32c check and parses
+};
+
+/// Reads dir/COMPLETE, so that a checker (`ckpt verify`) can report every
+/// listed file that is missing or has the wrong size, not only the first.
+CompleteMarker read_complete_marker(const std::filesystem::path& dir);
+
+/// The COMPLETE marker's text for `step`, listing `files_written` (plain
+/// names inside `dir`) with their sizes; each file is fsynced first, so the
+/// marker never vouches for data that is not yet durable. Throws st::Error
+/// naming a file that cannot be read.
+std::string complete_marker_text(const std::filesystem::path& dir, int64_t step,
+                                 const std::vector<std::string>& files_written);
+
+/// Fsyncs `files_written` (plain names inside `dir`), writes a COMPLETE marker
+/// for `step` listing them with their sizes, and fsyncs the marker and `dir`.
+/// For a checkpoint directory published other than by PendingCheckpoint (the
+/// output of `ckpt convert`, renamed into place by its caller); the marker is
+/// the same one commit() writes. Throws st::Error naming the path.
+void write_complete_marker(const std::filesystem::path& dir, int64_t step,
+                           const std::vector<std::string>& files_written);
 
 }  // namespace st::checkpoint

@@ -3,12 +3,10 @@
 // checksummed and scanned while still in cache, then compare the combined
 // checksums of every chunk with the index.
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <mutex>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +16,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/tasks.h"
 
 namespace st::checkpoint {
 namespace {
@@ -222,23 +221,12 @@ void Loader::run(const Job& job, std::vector<std::byte>& scratch, std::mutex& mu
 }
 
 void Loader::read_all() {
-  std::atomic<size_t> next{0};
+  std::vector<std::vector<std::byte>> scratch(static_cast<size_t>(std::max(1, options.threads)));
   std::mutex mu;
-  std::string first_error;
-  auto worker = [&] {
-    std::vector<std::byte> scratch;
-    for (size_t i = next++; i < jobs.size(); i = next++) {
-      const std::string err = error_message_of([&] { run(jobs[i], scratch, mu); });
-      std::lock_guard lock(mu);
-      if (!err.empty() && first_error.empty()) first_error = err;
-    }
-  };
-  const int n = std::clamp<int>(options.threads, 1, static_cast<int>(std::max<size_t>(1, jobs.size())));
-  std::vector<std::thread> pool;
-  for (int i = 1; i < n; ++i) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
-  ST_CHECK(first_error.empty(), "{}", first_error);
+  const std::string error = run_tasks(jobs.size(), options.threads, [&](size_t i, int worker) {
+    run(jobs[i], scratch[static_cast<size_t>(worker)], mu);
+  });
+  ST_CHECK(error.empty(), "{}", error);
 }
 
 void Loader::verify(const std::vector<ByteRange>& ranges, const std::vector<uint32_t>& crc_of) const {

@@ -4,11 +4,9 @@
 #include "checkpoint/save.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
-#include <thread>
 
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
@@ -17,6 +15,7 @@
 #include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/tasks.h"
 
 namespace st::checkpoint {
 namespace {
@@ -166,38 +165,22 @@ void StagedSave::Impl::write_files() {
   for (const PieceWrite& w : plan.writes) open_file(w.file);
 
   const std::vector<Task> all = tasks();
-  std::atomic<size_t> next{0};
+  std::vector<std::vector<std::byte>> scratch(static_cast<size_t>(std::max(1, options.threads)));
   std::mutex mu;
-  std::string first_error;
-  auto worker = [&] {
-    std::vector<std::byte> scratch;
-    for (size_t i = next++; i < all.size(); i = next++) {
-      PieceSum sum;
-      const std::string err = error_message_of([&] { sum = run(all[i], fds.at(all[i].write->file).get(), scratch); });
-      std::lock_guard lock(mu);
-      if (!err.empty() && first_error.empty()) first_error = err;
-      if (err.empty()) sums.push_back(sum);
-    }
-  };
-  const int n = std::clamp<int>(options.threads, 1, static_cast<int>(std::max<size_t>(1, all.size())));
-  std::vector<std::thread> pool;
-  for (int i = 1; i < n; ++i) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
-  ST_CHECK(first_error.empty(), "{}", first_error);
+  std::string failed = run_tasks(all.size(), options.threads, [&](size_t i, int worker) {
+    const PieceSum sum = run(all[i], fds.at(all[i].write->file).get(), scratch[static_cast<size_t>(worker)]);
+    std::lock_guard lock(mu);
+    sums.push_back(sum);
+  });
+  ST_CHECK(failed.empty(), "{}", failed);
 
   // Every file durable, fsynced in parallel.
   std::vector<std::pair<size_t, int>> to_sync;
   for (const auto& [f, fd] : fds) to_sync.emplace_back(f, fd.get());
-  std::vector<std::string> errors(to_sync.size());
-  std::vector<std::thread> syncs;
-  for (size_t i = 0; i < to_sync.size(); ++i)
-    syncs.emplace_back([&, i] {
-      errors[i] = error_message_of(
-          [&] { fsync_fd(to_sync[i].second, format("checkpoint file '{}'", plan.files[to_sync[i].first].name)); });
-    });
-  for (std::thread& t : syncs) t.join();
-  for (const std::string& e : errors) ST_CHECK(e.empty(), "{}", e);
+  failed = run_tasks(to_sync.size(), static_cast<int>(to_sync.size()), [&](size_t i, int) {
+    fsync_fd(to_sync[i].second, format("checkpoint file '{}'", plan.files[to_sync[i].first].name));
+  });
+  ST_CHECK(failed.empty(), "{}", failed);
   // close() can report a deferred write error (e.g. NFS); do not drop it.
   for (auto& [f, fd] : fds) fd.close_checked((fs::path(dir) / plan.files[f].name).string());
 }

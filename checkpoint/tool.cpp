@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -13,7 +12,6 @@
 #include <span>
 #include <sstream>
 #include <string_view>
-#include <thread>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -26,6 +24,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/tasks.h"
 
 namespace st::checkpoint {
 
@@ -331,15 +330,9 @@ std::vector<FileCheck> check_files(const fs::path& dir,
                                    const std::vector<std::pair<std::string, std::vector<ChunkRef>>>& files,
                                    int threads) {
   std::vector<FileCheck> checks(files.size());
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < files.size(); i = next++) checks[i] = check_file(dir, files[i].first, files[i].second);
-  };
-  const size_t n_threads = std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), files.size());
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < n_threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
+  // check_file reports its problems in the FileCheck; it does not throw.
+  run_tasks(files.size(), threads,
+            [&](size_t i, int) { checks[i] = check_file(dir, files[i].first, files[i].second); });
   return checks;
 }
 
