@@ -41,16 +41,90 @@ uint64_t load_le64(const std::byte* p) {
   return v;
 }
 
+// ---- Combining checksums ---------------------------------------------------------
+//
+// CRC32C is linear over GF(2): crc(a ++ b) = crc(a) * x^(8 |b|) mod P xor
+// crc(b), with polynomials in the reflected bit order of the CRC (the
+// highest bit stands for x^0). The shift by x^(8 |b|) is one product with a
+// power of x built from the squares x^(2^k) by the binary digits of |b|.
+
+namespace {
+
+constexpr uint32_t kPolyReflected = 0x82F63B78u;
+constexpr uint32_t kOne = 0x80000000u;  // the polynomial 1
+
+// a * b mod P.
+constexpr uint32_t multiply_mod(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t bit = kOne; bit != 0; bit >>= 1) {
+    if ((a & bit) != 0) product ^= b;
+    b = (b & 1u) != 0 ? (b >> 1) ^ kPolyReflected : b >> 1;  // b *= x
+  }
+  return product;
+}
+
+struct PowerTable {
+  std::array<uint32_t, 64> x_pow_2k{};  // x^(2^k) mod P
+};
+
+constexpr PowerTable make_powers() {
+  PowerTable t;
+  t.x_pow_2k[0] = kOne >> 1;  // x
+  for (size_t k = 1; k < t.x_pow_2k.size(); ++k) t.x_pow_2k[k] = multiply_mod(t.x_pow_2k[k - 1], t.x_pow_2k[k - 1]);
+  return t;
+}
+
+constexpr PowerTable kPowers = make_powers();
+
+// x^(8 n) mod P: what the register is multiplied by when n zero bytes pass.
+constexpr uint32_t shift_by_bytes(uint64_t n) {
+  uint32_t shift = kOne;
+  for (size_t k = 3; n != 0; n >>= 1, ++k)
+    if ((n & 1u) != 0) shift = multiply_mod(kPowers.x_pow_2k[k], shift);
+  return shift;
+}
+
+}  // namespace
+
 #if defined(__x86_64__)
 // Compiled for SSE4.2 regardless of the global -march so one binary runs on
 // any x86-64 and picks this path only after the runtime check.
-__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const std::byte* p, size_t n, uint32_t crc) {
-  uint64_t c = ~crc;
+// The crc32 instruction takes 3 cycles but can start one every cycle, so a
+// single chain of them runs at a third of the possible speed. Three lanes of
+// kLane bytes are checksummed side by side from register 0 and joined:
+// passing kLane bytes through the register multiplies what it held by
+// x^(8 kLane) (shift_by_bytes), and the rest adds linearly.
+constexpr size_t kLane = 8192;
+constexpr uint32_t kLaneShift = shift_by_bytes(kLane);
+
+__attribute__((target("sse4.2"))) uint64_t crc32c_lane(const std::byte* p, size_t n, uint64_t c) {
   for (; n >= 8; p += 8, n -= 8) {
     uint64_t v;
     std::memcpy(&v, p, 8);
     c = _mm_crc32_u64(c, v);
   }
+  return c;
+}
+
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const std::byte* p, size_t n, uint32_t crc) {
+  uint64_t c = static_cast<uint32_t>(~crc);
+  for (; n >= 3 * kLane; p += 3 * kLane, n -= 3 * kLane) {
+    uint64_t c0 = c, c1 = 0, c2 = 0;
+    for (size_t i = 0; i < kLane; i += 8) {
+      uint64_t v0, v1, v2;
+      std::memcpy(&v0, p + i, 8);
+      std::memcpy(&v1, p + kLane + i, 8);
+      std::memcpy(&v2, p + 2 * kLane + i, 8);
+      c0 = _mm_crc32_u64(c0, v0);
+      c1 = _mm_crc32_u64(c1, v1);
+      c2 = _mm_crc32_u64(c2, v2);
+    }
+    const uint32_t joined = multiply_mod(kLaneShift, static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1);
+    c = multiply_mod(kLaneShift, joined) ^ static_cast<uint32_t>(c2);
+  }
+  c = crc32c_lane(p, n & ~size_t{7}, c);
+  p += n & ~size_t{7};
+  n &= 7;
   auto c32 = static_cast<uint32_t>(c);
   for (; n > 0; ++p, --n) c32 = _mm_crc32_u8(c32, static_cast<uint8_t>(*p));
   return ~c32;
@@ -174,49 +248,9 @@ TensorScan copy_and_scan(std::span<const std::byte> src, std::byte* dst, DType d
   return out;
 }
 
-// ---- Combining checksums ---------------------------------------------------------
-//
-// CRC32C is linear over GF(2): crc(a ++ b) = crc(a) * x^(8 |b|) mod P xor
-// crc(b), with polynomials in the reflected bit order of the CRC (the
-// highest bit stands for x^0). The shift by x^(8 |b|) is one product with a
-// power of x built from the squares x^(2^k) by the binary digits of |b|.
-
-namespace {
-
-constexpr uint32_t kPolyReflected = 0x82F63B78u;
-constexpr uint32_t kOne = 0x80000000u;  // the polynomial 1
-
-// a * b mod P.
-constexpr uint32_t multiply_mod(uint32_t a, uint32_t b) {
-  uint32_t product = 0;
-  for (uint32_t bit = kOne; bit != 0; bit >>= 1) {
-    if ((a & bit) != 0) product ^= b;
-    b = (b & 1u) != 0 ? (b >> 1) ^ kPolyReflected : b >> 1;  // b *= x
-  }
-  return product;
-}
-
-struct PowerTable {
-  std::array<uint32_t, 64> x_pow_2k{};  // x^(2^k) mod P
-};
-
-constexpr PowerTable make_powers() {
-  PowerTable t;
-  t.x_pow_2k[0] = kOne >> 1;  // x
-  for (size_t k = 1; k < t.x_pow_2k.size(); ++k) t.x_pow_2k[k] = multiply_mod(t.x_pow_2k[k - 1], t.x_pow_2k[k - 1]);
-  return t;
-}
-
-constexpr PowerTable kPowers = make_powers();
-
-}  // namespace
-
 uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
   // x^(8 len_b) = product of x^(2^(k+3)) over the set bits k of len_b.
-  uint32_t shift = kOne;
-  for (size_t k = 3; len_b != 0; len_b >>= 1, ++k)
-    if ((len_b & 1u) != 0) shift = multiply_mod(kPowers.x_pow_2k[k], shift);
-  return multiply_mod(shift, crc_a) ^ crc_b;
+  return multiply_mod(shift_by_bytes(len_b), crc_a) ^ crc_b;
 }
 
 }  // namespace st::checkpoint
