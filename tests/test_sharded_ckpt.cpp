@@ -110,15 +110,10 @@ int64_t count_wrong(const std::vector<StateEntry>& entries) {
   return wrong;
 }
 
-// The message of the st::Error `f` throws, or "" when it does not throw.
+// The message of the error `f` throws, or "" when it does not throw.
 template <class F>
 std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
+  return error_message_of(std::forward<F>(f));
 }
 
 // A fresh directory every rank sees: rank 0 creates it and broadcasts the path.
