@@ -237,17 +237,6 @@ TensorScan crc32c_and_scan(std::span<const std::byte> data, DType dtype, uint32_
   return out;
 }
 
-TensorScan copy_and_scan(std::span<const std::byte> src, std::byte* dst, DType dtype, uint32_t crc,
-                         int64_t first_index) {
-  TensorScan out{crc, {}};
-  for (size_t at = 0; at < src.size(); at += kScanBlock) {
-    const size_t n = std::min(kScanBlock, src.size() - at);
-    std::memcpy(dst + at, src.data() + at, n);
-    scan_block(std::span<const std::byte>(dst + at, n), dtype, at, out, first_index);
-  }
-  return out;
-}
-
 uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
   // x^(8 len_b) = product of x^(2^(k+3)) over the set bits k of len_b.
   return multiply_mod(shift_by_bytes(len_b), crc_a) ^ crc_b;

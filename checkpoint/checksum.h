@@ -50,12 +50,6 @@ struct TensorScan {
 /// Element indices in `nonfinite` start at `first_index`.
 TensorScan crc32c_and_scan(std::span<const std::byte> data, DType dtype, uint32_t crc = 0, int64_t first_index = 0);
 
-/// Copies `src` to `dst` (same size, not overlapping) and returns the
-/// CRC32C and non-finite elements of the bytes, in the same pass: each block
-/// is checksummed right after it is copied, while it is still in cache.
-TensorScan copy_and_scan(std::span<const std::byte> src, std::byte* dst, DType dtype, uint32_t crc = 0,
-                         int64_t first_index = 0);
-
 /// Non-finite elements of `data` alone (no checksum); element indices start at `first_index`.
 NonFinite count_nonfinite(std::span<const std::byte> data, DType dtype, int64_t first_index = 0);
 

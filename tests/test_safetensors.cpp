@@ -74,21 +74,15 @@ TEST(Crc32c, CombineEqualsTheChecksumOfTheConcatenation) {
   EXPECT_EQ(crc32c_combine(ab, crc32c(all.subspan(1000)), buf.size() - 1000), whole);
 }
 
-TEST(Crc32c, CopyAndScanCopiesAndMatchesASeparateScan) {
+TEST(Crc32c, ScanCountsNonFiniteFromTheFirstIndexGiven) {
   std::vector<float> src(50000, 1.5f);
   src[20000] = std::numeric_limits<float>::infinity();
   src[40000] = std::numeric_limits<float>::quiet_NaN();
-  const auto* p = reinterpret_cast<const std::byte*>(src.data());
-  std::span<const std::byte> bytes(p, src.size() * sizeof(float));
-  std::vector<float> dst(src.size(), 0.0f);
-  const TensorScan copied = copy_and_scan(bytes, reinterpret_cast<std::byte*>(dst.data()), DType::F32, 0, 100);
-  EXPECT_EQ(std::memcmp(dst.data(), src.data(), bytes.size()), 0);
-  EXPECT_EQ(copied.crc32c, crc32c_software(bytes));
-  EXPECT_EQ(copied.nonfinite.nan, 1);
-  EXPECT_EQ(copied.nonfinite.inf, 1);
-  EXPECT_EQ(copied.nonfinite.first, 20100);
+  std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(src.data()), src.size() * sizeof(float));
   const TensorScan scanned = crc32c_and_scan(bytes, DType::F32, 0, 100);
-  EXPECT_EQ(scanned.crc32c, copied.crc32c);
+  EXPECT_EQ(scanned.crc32c, crc32c_software(bytes));
+  EXPECT_EQ(scanned.nonfinite.nan, 1);
+  EXPECT_EQ(scanned.nonfinite.inf, 1);
   EXPECT_EQ(scanned.nonfinite.first, 20100);
 }
 
