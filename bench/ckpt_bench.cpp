@@ -50,6 +50,7 @@
 #include "core/comm.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/hash.h"
 #include "core/state.h"
 #include "core/tensor.h"
 
@@ -227,13 +228,6 @@ std::vector<TensorSpec> llama_tensors(const ModelShape& m) {
   t.push_back({"model.norm.weight", {m.d}, 0});
   t.push_back({"lm_head.weight", {m.vocab, m.d}, 0});
   return t;
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
 }
 
 // The saved value of element i of tensor t, kind k: pseudo-random (nothing

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/format.h"
+#include "core/hash.h"
 
 // Everything random here is a counter-based hash of (seed, domain tag,
 // counters), never a sequential generator: a sample or a position of the
@@ -31,15 +32,6 @@ namespace fs = std::filesystem;
 
 // ---------------------------------------------------------------------------
 // Hashing.
-
-// splitmix64: a bijection on 64-bit words whose outputs pass BigCrush even
-// for consecutive inputs, which is exactly how counters feed it.
-constexpr uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 constexpr uint64_t hash_of(uint64_t a, uint64_t b) { return splitmix64(splitmix64(a) ^ b); }
 constexpr uint64_t hash_of(uint64_t a, uint64_t b, uint64_t c) { return hash_of(hash_of(a, b), c); }

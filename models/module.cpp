@@ -6,6 +6,7 @@
 #include <numbers>
 #include <unordered_set>
 
+#include "core/hash.h"
 #include "core/ops.h"
 
 namespace st::models {
@@ -38,15 +39,7 @@ void collect_unique(Module& m, std::unordered_set<const Parameter*>& seen, int64
 bool is_float(DType t) { return t == DType::F32 || t == DType::BF16; }
 
 // --- counter-based RNG ------------------------------------------------------
-// splitmix64's finaliser: a bijection on 64 bits with full avalanche, so
-// hashing (key, index) gives independent-looking bits for every index
-// without any sequential state.
-constexpr uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+// Hashing (key, index) with splitmix64 (core/hash.h) gives independent-looking bits for every index.
 
 constexpr uint64_t fnv1a64(std::string_view s) {
   uint64_t h = 0xcbf29ce484222325ull;
