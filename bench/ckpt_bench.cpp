@@ -107,6 +107,22 @@ constexpr std::string_view kUsage =
     "  --keep           do not delete the files at the end\n"
     "ckpt_bench --drop-cache DIR  drops the page cache of every file under DIR, then exits\n";
 
+// "unified,sharded", "sharded", or "none" (the disk's own figures only).
+std::vector<Layout> parse_layouts(const std::string& list) {
+  std::vector<Layout> out;
+  if (list == "none") return out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string name = list.substr(start, comma - start);
+    const std::optional<Layout> layout = checkpoint::parse_layout(name);
+    ST_CHECK(layout.has_value(), "--layouts: unknown layout '{}' (unified, sharded)", name);
+    out.push_back(*layout);
+    start = comma + 1;
+  }
+  return out;
+}
+
 Args parse_args(const std::vector<std::string>& argv) {
   Args a;
   auto value = [&](size_t& i) -> const std::string& {
@@ -144,17 +160,7 @@ Args parse_args(const std::vector<std::string>& argv) {
       ST_CHECK(v == "on" || v == "off", "--verify must be on or off, got '{}'", v);
       a.verify = v == "on";
     } else if (flag == "--layouts") {
-      a.layouts.clear();
-      std::string list = value(i);
-      size_t start = list == "none" ? list.size() + 1 : 0;  // none: the disk's own figures only
-      while (start <= list.size()) {
-        size_t comma = std::min(list.find(',', start), list.size());
-        std::string name = list.substr(start, comma - start);
-        const std::optional<Layout> layout = checkpoint::parse_layout(name);
-        ST_CHECK(layout.has_value(), "--layouts: unknown layout '{}' (unified, sharded)", name);
-        a.layouts.push_back(*layout);
-        start = comma + 1;
-      }
+      a.layouts = parse_layouts(value(i));
     } else if (flag == "--unified-model") {
       const std::string& v = value(i);
       ST_CHECK(v == "none" || v == "f32" || v == "bf16", "--unified-model must be none, f32 or bf16, got '{}'", v);

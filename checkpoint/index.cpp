@@ -200,35 +200,48 @@ void read_sharded_catalog(Catalog& cat, const std::string& index_path) {
   }
 }
 
+// What one Hugging Face style index lists: key -> file, our CRCs, and
+// whether it is ours (then its world size goes into `cat`).
+struct HfIndex {
+  std::map<std::string, std::string> weight_map;
+  std::map<std::string, uint32_t> crcs;
+  bool ours = false;
+};
+
+HfIndex read_hf_index(Catalog& cat, const std::string& index_path) {
+  HfIndex out;
+  json index = read_json_file(index_path);
+  try {
+    ST_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+             "'{}' has no \"weight_map\" object", index_path);
+    const json& meta = index.value("metadata", json::object());
+    out.ours = meta.is_object() && meta.value("format", std::string()) == kUnifiedFormat;
+    if (out.ours) {
+      ST_CHECK(meta.value("version", -1) == kUnifiedVersion, "'{}': unsupported version {} (this build reads {})",
+               index_path, meta.value("version", -1), kUnifiedVersion);
+      cat.world_size = meta.value("world_size", 0);
+    }
+    for (const auto& [key, file] : index["weight_map"].items()) out.weight_map[key] = file.get<std::string>();
+    if (index.contains("crc32c"))
+      for (const auto& [key, crc] : index["crc32c"].items()) out.crcs[key] = crc.get<uint32_t>();
+  } catch (const json::exception& e) {
+    ST_FAIL("checkpoint index '{}' is malformed: {}", index_path, e.what());
+  }
+  return out;
+}
+
 // Adds the tensors of one Hugging Face style index (or of a single file when
 // `index_path` is empty) under `kind` ("" = split "<fqn>.<kind>" keys).
 void read_hf_family(Catalog& cat, const std::string& index_path, const std::string& single_file,
                     const std::string& kind) {
-  std::map<std::string, std::string> weight_map;  // key -> file
-  std::map<std::string, uint32_t> crcs;
-  bool ours = false;
+  HfIndex listed;
   if (!index_path.empty()) {
-    json index = read_json_file(index_path);
-    try {
-      ST_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
-               "'{}' has no \"weight_map\" object", index_path);
-      const json& meta = index.value("metadata", json::object());
-      ours = meta.is_object() && meta.value("format", std::string()) == kUnifiedFormat;
-      if (ours) {
-        ST_CHECK(meta.value("version", -1) == kUnifiedVersion, "'{}': unsupported version {} (this build reads {})",
-                 index_path, meta.value("version", -1), kUnifiedVersion);
-        cat.world_size = meta.value("world_size", 0);
-      }
-      for (const auto& [key, file] : index["weight_map"].items()) weight_map[key] = file.get<std::string>();
-      if (index.contains("crc32c"))
-        for (const auto& [key, crc] : index["crc32c"].items()) crcs[key] = crc.get<uint32_t>();
-    } catch (const json::exception& e) {
-      ST_FAIL("checkpoint index '{}' is malformed: {}", index_path, e.what());
-    }
+    listed = read_hf_index(cat, index_path);
   } else {
     SafetensorsFile f(join_path(cat.dir, single_file));
-    for (const std::string& key : f.names()) weight_map[key] = single_file;
+    for (const std::string& key : f.names()) listed.weight_map[key] = single_file;
   }
+  const auto& [weight_map, crcs, ours] = listed;
   if (ours && cat.format.empty()) cat.format = layout_name(Layout::Unified);
   if (!ours) cat.format = kHuggingFaceFormat;
 
