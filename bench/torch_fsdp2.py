@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# --- configuration: our YAML files, with core/config.h's defaults ----------------
+# --- configuration: our YAML files, with the defaults of the */config.h headers --
 
-# The keys this script reads, with the defaults of core/config.h (a config
+# The keys this script reads, with the defaults of the */config.h headers (a config
 # file may leave any of them out, as configs/toy.yaml does).
 DEFAULTS = {
     "model": {

@@ -41,11 +41,19 @@ json read_json_file(const std::string& path) {
 
 }  // namespace
 
-std::string_view layout_name(Layout layout) { return layout == Layout::Unified ? "unified" : "sharded"; }
+namespace {
+
+constexpr Named<Layout> kLayoutNames[] = {{Layout::Unified, "unified"}, {Layout::Sharded, "sharded"}};
+
+}  // namespace
+
+std::span<const Named<Layout>> names_of(Layout) { return kLayoutNames; }
+
+std::string_view layout_name(Layout layout) { return name_in(layout, names_of(layout)); }
 
 std::optional<Layout> parse_layout(std::string_view name) {
-  if (name == layout_name(Layout::Unified)) return Layout::Unified;
-  if (name == layout_name(Layout::Sharded)) return Layout::Sharded;
+  for (const Named<Layout>& n : kLayoutNames)
+    if (n.name == name) return n.value;
   return std::nullopt;
 }
 

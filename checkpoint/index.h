@@ -29,19 +29,22 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "core/config.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 
 namespace st::checkpoint {
 
 enum class Layout : uint8_t { Unified, Sharded };
-/// "unified" or "sharded": the layout's one spelling, in trainer_state.json,
-/// Catalog::format, log lines and command lines.
+/// "unified" or "sharded": the layout's one spelling, in checkpoint.format,
+/// trainer_state.json, Catalog::format, log lines and command lines.
+std::span<const Named<Layout>> names_of(Layout);
 std::string_view layout_name(Layout layout);
 /// The layout spelled `name`; nullopt for any other text.
 std::optional<Layout> parse_layout(std::string_view name);

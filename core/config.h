@@ -1,191 +1,141 @@
 #pragma once
-// Typed run configuration, loaded from YAML (see configs/*.yaml).
+// The configuration machinery: keys, typed fields, YAML loading, `--set`
+// overrides, to_yaml() and the key reference.
 //
-// Every field has a default and a one-line doc; the YAML keys are the field
-// names, nested by section ("fsdp.mixed_precision.param_dtype"). Loading is
-// strict: an unknown key, a wrong type or a value out of range is an
-// st::Error naming the key, the file:line and what was expected (with the
-// closest valid key for a typo). `--set key=value` overrides go through the
-// same parser. config_keys() lists every key with its type, default and doc;
-// the README's configuration reference is generated from it. The per-field
-// comments below are repeated as doc strings in config.cpp's schema; a test
-// keeps the two copies identical.
+// core/ knows YAML and the schema, never a domain: each layer owns its config
+// struct, its enums with their YAML spellings, its visit_keys() (one line per
+// key: name, doc, field) and its validate(), beside each other:
+//   models/config.h     ModelConfig        model.*
+//   optim/config.h      OptimConfig        optim.*
+//   fsdp/config.h       FsdpConfig         fsdp.*
+//   checkpoint/config.h CheckpointConfig   checkpoint.*
+//   launch/config.h     TrainConfig, DataConfig, CommConfig, LoggingConfig and
+//                       Config, the whole file (load_config, to_yaml, ...)
+// Loading is strict: an unknown key, a wrong type or a value out of range is
+// an st::Error naming the key, the file:line and what was expected (with the
+// closest valid key for a typo). Values are converted to their real types
+// (enums, DType, structs of bools) as they are read, once.
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
-#include <optional>
+#include <functional>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/error.h"
+#include "core/format.h"
+
 namespace st {
 
-enum class DeviceKind : uint8_t { Cpu, Cuda, Auto };
-enum class DataKind : uint8_t { Synthetic, Text, Tokens };
-enum class TokenDType : uint8_t { U16, U32 };
-enum class OptimizerKind : uint8_t { AdamW, Sgd };
-enum class ScheduleKind : uint8_t { Constant, Cosine, Linear };
-enum class ShardingStrategy : uint8_t { FullShard, ShardGradOp, NoShard, HybridShard };
-enum class WrapPolicy : uint8_t { SizeBased, Transformer, None };
-enum class PrecisionKind : uint8_t { F32, BF16 };
-enum class RecomputeMode : uint8_t { None, Full, EveryN };
-enum class CheckpointFormat : uint8_t { Unified, Sharded };
-
-/// The spelling used in YAML, e.g. "FULL_SHARD", "bf16", "every_n".
-std::string_view to_string(DeviceKind v);
-std::string_view to_string(DataKind v);
-std::string_view to_string(TokenDType v);
-std::string_view to_string(OptimizerKind v);
-std::string_view to_string(ScheduleKind v);
-std::string_view to_string(ShardingStrategy v);
-std::string_view to_string(WrapPolicy v);
-std::string_view to_string(PrecisionKind v);
-std::string_view to_string(RecomputeMode v);
-std::string_view to_string(CheckpointFormat v);
-
-// One field per line with its doc comment: tests/test_config.cpp checks each
-// comment against the schema's doc string, so the layout is kept as written.
-// clang-format off
-struct ModelConfig {
-  std::string name = "llama";          // "llama" or "toy" (the DCP tutorial's Linear(16,16)-ReLU-Linear(16,8))
-  int64_t vocab_size = 32000;          // tokens in the vocabulary (256 for byte-level text)
-  int64_t hidden_size = 256;           // model width
-  int64_t intermediate_size = 688;     // SwiGLU hidden width
-  int64_t num_hidden_layers = 4;       // decoder layers
-  int64_t num_attention_heads = 8;     // query heads; divides hidden_size
-  int64_t num_key_value_heads = 8;     // key/value heads (GQA); divides num_attention_heads
-  int64_t max_position_embeddings = 2048;  // longest sequence the rotary tables cover
-  double rope_theta = 10000.0;         // rotary base
-  double rms_norm_eps = 1e-5;          // RMSNorm epsilon
-  bool tie_word_embeddings = false;    // lm_head shares model.embed_tokens.weight
-  double init_std = 0.02;              // std of the normal init of linears and embeddings
-
-  bool operator==(const ModelConfig&) const = default;
+/// One YAML spelling of an enum value. A layer lists its enum's spellings in
+/// one array and makes it findable as `names_of(E)` in the enum's namespace.
+template <class E>
+struct Named {
+  E value;
+  std::string_view name;
 };
 
-struct TrainConfig {
-  int64_t steps = 100;                 // optimizer steps in the run (the LR schedule follows it)
-  int64_t global_batch_size = 8;       // sequences per optimizer step, over all ranks
-  int64_t micro_batch_size = 1;        // sequences per forward/backward on one rank
-  int64_t seq_len = 128;               // tokens per sequence
-  uint64_t seed = 1234;                // seeds init, data order and synthetic data
-  DeviceKind device = DeviceKind::Auto;  // cpu | cuda | auto (cuda when a GPU is visible)
-  int64_t threads = 0;                 // CPU threads per rank; 0 = the cores this rank may use
-
-  bool operator==(const TrainConfig&) const = default;
+/// An enum with a `names_of(E)` overload: its config spellings.
+template <class E>
+concept ConfigEnum = std::is_enum_v<E> && requires(E e) {
+  { names_of(e) } -> std::convertible_to<std::span<const Named<E>>>;
 };
 
-struct DataConfig {
-  DataKind kind = DataKind::Synthetic;  // synthetic (seeded learnable Markov-chain tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)
-  std::string path;                     // file or directory for text/tokens; unused for synthetic
-  TokenDType token_dtype = TokenDType::U16;  // token width of headerless tokens files (llm.c shards give their own)
+/// The spelling of `v` among `names` ("?" for a value not listed).
+template <class E>
+std::string_view name_in(E v, std::span<const Named<E>> names) {
+  for (const auto& n : names)
+    if (n.value == v) return n.name;
+  return "?";
+}
+template <ConfigEnum E>
+std::string_view enum_name(E v) {
+  return name_in(v, std::span<const Named<E>>(names_of(v)));
+}
+/// The YAML spelling of a config enum ("FULL_SHARD", "cosine", ...).
+template <ConfigEnum E>
+std::string_view to_string(E v) {
+  return enum_name(v);
+}
 
-  bool operator==(const DataConfig&) const = default;
+/// One configuration key.
+struct Key {
+  std::string key;                                 // dotted path, "fsdp.mixed_precision.param_dtype"
+  std::string_view doc;                            // the field's one-line doc (also its comment in the header)
+  std::span<const std::string_view> choices = {};  // allowed strings (or list elements); empty: any
 };
 
-struct ScheduleConfig {
-  ScheduleKind kind = ScheduleKind::Cosine;  // constant | cosine | linear (decay after warmup)
-  int64_t warmup_steps = 0;                  // linear warmup: step s < warmup uses lr*(s+1)/warmup
-  double min_lr = 0.0;                       // LR at the end of the decay
-
-  bool operator==(const ScheduleConfig&) const = default;
+/// One name of a list-valued key read into bools: `[a, b]` sets a and b.
+struct Flag {
+  std::string_view name;
+  bool* value;
 };
 
-struct OptimConfig {
-  OptimizerKind name = OptimizerKind::AdamW;  // adamw | sgd
-  double lr = 3e-4;                           // peak learning rate
-  double weight_decay = 0.1;                  // on parameters with >= 2 dims only (AdamW: decoupled; SGD: L2, as torch)
-  double beta1 = 0.9;                         // AdamW first-moment decay
-  double beta2 = 0.95;                        // AdamW second-moment decay
-  double eps = 1e-8;                          // AdamW denominator epsilon
-  double momentum = 0.9;                      // SGD momentum
-  double grad_clip = 1.0;                     // max global gradient norm; 0 disables clipping
-  ScheduleConfig schedule;                    // learning-rate schedule
+/// A reference to one field of a config struct, of any type a key may have.
+/// Built inside a visit and used at once (it points into the struct).
+class Field {
+ public:
+  enum class Kind : uint8_t { Int, UInt, Float, Bool, String, StringList, Enum, Flags };
 
-  bool operator==(const OptimConfig&) const = default;
+  Field(int64_t& v) : kind_(Kind::Int), ptr_(&v) {}                          // NOLINT: implicit on purpose
+  Field(uint64_t& v) : kind_(Kind::UInt), ptr_(&v) {}                        // NOLINT
+  Field(double& v) : kind_(Kind::Float), ptr_(&v) {}                         // NOLINT
+  Field(bool& v) : kind_(Kind::Bool), ptr_(&v) {}                            // NOLINT
+  Field(std::string& v) : kind_(Kind::String), ptr_(&v) {}                   // NOLINT
+  Field(std::vector<std::string>& v) : kind_(Kind::StringList), ptr_(&v) {}  // NOLINT
+  /// An enum field whose YAML spellings are `names` (e.g. a DType limited to f32 | bf16).
+  template <class E>
+  Field(E& v, std::span<const Named<E>> names) : kind_(Kind::Enum), ptr_(&v) {
+    for (const auto& n : names) names_.push_back(n.name);
+    enum_values_.reserve(names.size());
+    for (const auto& n : names) enum_values_.push_back(static_cast<int64_t>(n.value));
+    get_ = [](const void* p) { return static_cast<int64_t>(*static_cast<const E*>(p)); };
+    set_ = [](void* p, int64_t x) { *static_cast<E*>(p) = static_cast<E>(x); };
+  }
+  template <ConfigEnum E>
+  Field(E& v) : Field(v, std::span<const Named<E>>(names_of(v))) {}  // NOLINT
+  /// A list of names, each setting one bool (a name not in the list clears its bool).
+  static Field flags(std::vector<Flag> flags);
+
+  Kind kind() const { return kind_; }
+  template <class T>
+  T& as() const {
+    return *static_cast<T*>(ptr_);
+  }
+  /// Enum fields: the spellings, and the index of the current value (npos when unlisted).
+  const std::vector<std::string_view>& names() const { return names_; }
+  size_t index() const;
+  void set_index(size_t i) const;
+  /// Flags fields.
+  const std::vector<Flag>& flag_list() const { return flags_; }
+
+  /// The current value as YAML text (also how errors show values).
+  std::string text() const;
+  /// "int", "float", "bool", "string", "list of strings", "a | b | c", ...
+  std::string type_name(std::span<const std::string_view> choices) const;
+
+ private:
+  explicit Field(Kind k) : kind_(k) {}
+  Kind kind_;
+  void* ptr_ = nullptr;
+  std::vector<std::string_view> names_;
+  std::vector<int64_t> enum_values_;
+  int64_t (*get_)(const void*) = nullptr;
+  void (*set_)(void*, int64_t) = nullptr;
+  std::vector<Flag> flags_;
 };
 
-struct AutoWrapConfig {
-  WrapPolicy policy = WrapPolicy::Transformer;            // size_based | transformer | none
-  int64_t min_num_params = 100000000;                     // size_based: threshold for a subtree to become a unit
-  std::vector<std::string> module_types = {"DecoderLayer"};  // transformer: module type names that become units
+/// Called once per key of a config object, in to_yaml() order; the keys of
+/// one section stay contiguous.
+using KeyVisitor = std::function<void(const Key&, Field)>;
+/// Visits every key of one config object (e.g. [&](auto& v) { visit_keys(config, v); }).
+using Schema = std::function<void(const KeyVisitor&)>;
 
-  bool operator==(const AutoWrapConfig&) const = default;
-};
-
-struct MixedPrecisionConfig {
-  PrecisionKind param_dtype = PrecisionKind::BF16;   // dtype of gathered weights and activations
-  PrecisionKind reduce_dtype = PrecisionKind::F32;   // dtype gradients travel in
-
-  bool operator==(const MixedPrecisionConfig&) const = default;
-};
-
-struct RecomputeConfig {
-  RecomputeMode mode = RecomputeMode::None;  // none | full (every decoder layer) | every_n
-  int64_t n = 2;                             // every_n: recompute every n-th decoder layer
-
-  bool operator==(const RecomputeConfig&) const = default;
-};
-
-struct FsdpConfig {
-  ShardingStrategy sharding_strategy = ShardingStrategy::FullShard;  // FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
-  int64_t shard_group_size = 0;        // HYBRID_SHARD: ranks per shard group (0 = ranks per host)
-  AutoWrapConfig auto_wrap;            // how modules become shard units
-  MixedPrecisionConfig mixed_precision;  // compute and communication dtypes
-  RecomputeConfig activation_checkpointing;  // activation recomputation
-  bool forward_prefetch = true;        // gather unit k+1 before unit k computes
-  bool limit_all_gathers = true;       // at most two gathered units in flight
-
-  bool operator==(const FsdpConfig&) const = default;
-};
-
-struct CheckpointConfig {
-  std::string dir;                     // where checkpoints go; empty disables saving
-  int64_t interval = 0;                // save every N steps; 0 = only at the end of the run
-  CheckpointFormat format = CheckpointFormat::Unified;  // unified (HF safetensors) | sharded (one file per rank)
-  bool async = false;                  // write in a background thread while training goes on
-  int64_t keep_last = 0;               // keep the newest N checkpoints; 0 keeps all
-  bool verify = true;                  // verify checksums on load
-  std::string init_from;               // start from these model weights (HF directory or checkpoint), fresh optimizer
-  std::vector<std::string> unified_checkpoint_config;  // skip_save_model_weight | master_weight_compatible | enable_all_options
-  bool strict = true;                  // refuse a checkpoint holding tensors the model lacks or whose config.json differs from model.*; false warns
-
-  bool operator==(const CheckpointConfig&) const = default;
-};
-
-struct CommConfig {
-  double timeout_s = 600;              // abort the job when a collective makes no progress for this long; 0 disables the watchdog
-
-  bool operator==(const CommConfig&) const = default;
-};
-
-struct LoggingConfig {
-  int64_t interval = 1;                // print a step line every N steps
-  std::string metrics_file;            // append one JSON object per logged step; empty disables
-  std::string level = "info";          // debug | info | warn | error
-  bool profile = false;                // print where each step's time went (phases, GEMM, ops, collective waits) and a summary table at the end; same as --profile
-
-  bool operator==(const LoggingConfig&) const = default;
-};
-
-// clang-format on
-
-struct Config {
-  ModelConfig model;
-  TrainConfig train;
-  DataConfig data;
-  OptimConfig optim;
-  FsdpConfig fsdp;
-  CheckpointConfig checkpoint;
-  CommConfig comm;
-  LoggingConfig logging;
-
-  /// Checks values that each field's parser cannot (ranges, cross-field
-  /// rules); throws st::Error naming the key and the expected form.
-  void validate() const;
-
-  /// Field-by-field equality (e.g. a resumed run against its checkpoint's config).
-  bool operator==(const Config&) const = default;
-};
+/// `v` with "section." put in front of every key name.
+KeyVisitor in_section(std::string_view section, const KeyVisitor& v);
 
 /// One configuration key, for help text and the README reference.
 struct ConfigKeyDoc {
@@ -194,17 +144,42 @@ struct ConfigKeyDoc {
   std::string default_value;  // as it would be written in YAML
   std::string doc;            // the field's one-line comment
 };
-std::vector<ConfigKeyDoc> config_keys();
+/// Every key of `schema` (visited on a default-built object) with its current value as default.
+std::vector<ConfigKeyDoc> config_keys(const Schema& schema);
 
-/// Loads `path`, applies `overrides` ("key=value", later wins), validates.
-/// Errors name the file as `path` was given ("llama.yaml:7", "configs/x.yaml:3").
-Config load_config(const std::string& path, std::span<const std::string> overrides = {});
-/// The same from YAML text; `source_name` stands in for the file name in errors.
-Config load_config_from_string(std::string_view yaml, std::string_view source_name,
-                               std::span<const std::string> overrides = {});
-/// Applies one "key=value" override (value parsed as YAML) without validating.
-void apply_override(Config& config, std::string_view assignment);
-/// The resolved configuration as YAML (loadable again by load_config).
-std::string to_yaml(const Config& config);
+/// The text of config file `path`: an error unless it is a readable regular
+/// file with at least one setting. Errors name the path as given.
+std::string read_config_file(const std::string& path);
+/// Assigns the keys of YAML `yaml` (one document, a map of sections) to the
+/// fields of `schema`; `source_name` stands in for the file name in errors.
+void load_yaml(const Schema& schema, std::string_view yaml, std::string_view source_name);
+/// Applies one "key=value" override (value parsed as YAML).
+void apply_override(const Schema& schema, std::string_view assignment);
+/// The fields as YAML (loadable again by load_yaml).
+std::string to_yaml(const Schema& schema);
+
+// ---------------------------------------------------------------------------
+// For validate(): every message reads "invalid value V for 'key': expected ...".
+
+std::string yaml_text(int64_t v);
+std::string yaml_text(uint64_t v);
+std::string yaml_text(double v);
+std::string yaml_text(bool v);
+std::string yaml_text(const std::string& v);
+std::string yaml_text(const std::vector<std::string>& v);
+
+template <class T>
+void require(bool ok, std::string_view key, const T& value, std::string_view expected) {
+  ST_CHECK(ok, "invalid value {} for '{}': expected {}", yaml_text(value), key, expected);
+}
+
+/// "; did you mean 'x'?" for the closest of `candidates`, or "" when none is close.
+std::string did_you_mean(std::string_view given, std::span<const std::string_view> candidates);
+/// "a | b | c" for ", " or any other separator.
+std::string join(std::span<const std::string_view> items, std::string_view sep);
+bool in_choices(std::string_view v, std::span<const std::string_view> choices);
+/// The model and the optimizer compute in F32, so a value that does not
+/// survive the cast to F32 (1e39 becomes Inf) is never meaningful.
+inline bool fits_f32(double v) { return std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max(); }
 
 }  // namespace st

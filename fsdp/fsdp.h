@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/comm.h"
-#include "core/config.h"
+#include "fsdp/config.h"
 #include "core/log.h"
 #include "core/state.h"
 #include "models/module.h"

@@ -34,8 +34,6 @@ namespace st::fsdp {
 
 namespace {
 
-DType to_dtype(PrecisionKind kind) { return kind == PrecisionKind::BF16 ? DType::BF16 : DType::F32; }
-
 std::string unit_label(const std::string& name) { return name.empty() ? "(root)" : name; }
 
 // Gathered units that were prefetched and not yet used: PyTorch's
@@ -140,8 +138,8 @@ struct ShardedModel::Impl {
        Logger& log_, Device device_)
       : model(model_), config(config_), world(world_), log(log_), device(device_) {
     g = shard_group_size_for(local_size);
-    param_dtype = to_dtype(config.mixed_precision.param_dtype);
-    reduce_dtype = to_dtype(config.mixed_precision.reduce_dtype);
+    param_dtype = config.mixed_precision.param_dtype;
+    reduce_dtype = config.mixed_precision.reduce_dtype;
     plans = plan_units(model, config.auto_wrap);
 
     const int rank = world.rank();
@@ -604,7 +602,7 @@ void ShardedModel::log_memory_table(int64_t optimizer_bytes) const {
   r.optimizer_bytes = optimizer_bytes;
   log.info0("per-rank memory: master {}, grads {}, optimizer {}, largest gathered unit {} ({})",
             human_bytes(r.master_bytes), human_bytes(r.grad_bytes), human_bytes(r.optimizer_bytes),
-            human_bytes(r.largest_gathered_bytes), to_string(m.config.mixed_precision.param_dtype));
+            human_bytes(r.largest_gathered_bytes), precision_name(m.config.mixed_precision.param_dtype));
 }
 
 }  // namespace st::fsdp

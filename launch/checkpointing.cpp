@@ -14,6 +14,7 @@
 #include "checkpoint/fs.h"
 #include "core/error.h"
 #include "models/hf_config.h"
+#include "models/model.h"
 
 namespace st::launch {
 
@@ -21,20 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-constexpr std::string_view kSkipModelWeight = "skip_save_model_weight";
-constexpr std::string_view kMasterCompatible = "master_weight_compatible";
-constexpr std::string_view kAllOptions = "enable_all_options";
-
-bool has_option(const CheckpointConfig& c, std::string_view option) {
-  for (const std::string& o : c.unified_checkpoint_config)
-    if (o == option || o == kAllOptions) return true;
-  return false;
-}
-
-DType model_dtype(const Config& config) {
-  return config.fsdp.mixed_precision.param_dtype == PrecisionKind::BF16 ? DType::BF16 : DType::F32;
-}
 
 // Master weights plus every optimizer state buffer (with `optimizer_state`), as (FQN, kind) entries.
 std::vector<StateEntry> training_state(fsdp::ShardedModel& model, optim::Optimizer& optimizer, bool optimizer_state) {
@@ -49,10 +36,6 @@ std::vector<StateEntry> training_state(fsdp::ShardedModel& model, optim::Optimiz
     entries.insert(entries.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   }
   return entries;
-}
-
-checkpoint::Layout layout_of(const CheckpointConfig& c) {
-  return c.format == CheckpointFormat::Unified ? checkpoint::Layout::Unified : checkpoint::Layout::Sharded;
 }
 
 // What trainer_state.json records for a save of `options` after `step`.
@@ -84,11 +67,6 @@ std::string effective_resume(const Config& config, const std::string& requested,
 
 void check_checkpoint_config(const Config& config, const std::string& resume, bool overwrite, Logger& log) {
   const CheckpointConfig& c = config.checkpoint;
-  for (const std::string& o : c.unified_checkpoint_config) {
-    ST_CHECK(o == kSkipModelWeight || o == kMasterCompatible || o == kAllOptions,
-             "checkpoint.unified_checkpoint_config: unknown option '{}'; the options are {}, {}, {}", o,
-             kSkipModelWeight, kMasterCompatible, kAllOptions);
-  }
   ST_CHECK(resume != "auto" || !c.dir.empty(), "--resume auto needs checkpoint.dir");
   ST_CHECK(!overwrite || !c.dir.empty(), "--overwrite needs checkpoint.dir (the directory to start over in)");
   if (!resume.empty() && resume != "auto" && resume != "never" && c.dir.empty())
@@ -111,18 +89,18 @@ Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, opti
   if (c.dir.empty()) return;
   checkpoint::RunOptions run;
   run.root = c.dir;
-  run.save.layout = layout_of(c);
-  run.save.model_dtype = model_dtype(config);
-  run.save.model_weights = !has_option(c, kSkipModelWeight);
+  run.save.layout = c.format;
+  run.save.model_dtype = config.fsdp.mixed_precision.param_dtype;
+  run.save.model_weights = !c.unified_checkpoint_config.skip_model_weights();
   run.save.master_weights = checkpoint::unified_needs_master_files(run.save.model_weights, run.save.model_dtype);
   run.async = c.async;
   run.keep_last = c.keep_last;
   saver_.emplace(std::move(run), world, log);
   // What one save writes: F32 master weights (unless F32 model weights stand
   // in for them), the model weights (unified), and every optimizer state kind.
-  const bool unified = c.format == CheckpointFormat::Unified;
-  const bool skip_model = has_option(c, kSkipModelWeight);
-  const DType dtype = model_dtype(config);
+  const bool unified = c.format == checkpoint::Layout::Unified;
+  const bool skip_model = c.unified_checkpoint_config.skip_model_weights();
+  const DType dtype = config.fsdp.mixed_precision.param_dtype;
   int64_t per_param = 4 * static_cast<int64_t>(model.segments().empty() ? 0 : optimizer.state(0).size());
   if (unified && !skip_model) per_param += static_cast<int64_t>(dtype_size(dtype));
   if (!unified || checkpoint::unified_needs_master_files(!skip_model, dtype)) per_param += 4;
@@ -137,10 +115,9 @@ void Checkpointer::save(int64_t step, int64_t consumed) {
   const checkpoint::SaveOptions& o = saver_->options().save;
   const bool bf16_model_files =
       o.layout == checkpoint::Layout::Unified && o.model_weights && o.model_dtype == DType::BF16;
-  if (config_.model.name == "llama")
+  if (const auto hf_config = models::model_spec(config_.model.name).hf_config)
     extra.push_back({std::string(models::kHfConfigName),
-                     models::hf_llama_config_json(
-                         config_.model, models::hf_torch_dtype(bf16_model_files ? DType::BF16 : DType::F32))});
+                     hf_config(config_.model, models::hf_torch_dtype(bf16_model_files ? DType::BF16 : DType::F32))});
   saver_->save(training_state(model_, optimizer_, true), std::move(state), std::move(extra));
 }
 
@@ -172,16 +149,17 @@ std::optional<ResumePoint> Checkpointer::load(const std::string& resume) {
 namespace {
 
 // Differences between a checkpoint's config.json and the run's model.* keys
-// (none for a directory without one, or a model other than llama).
+// (none for a directory without one, or a model without a Hugging Face config).
 std::vector<std::string> config_differences(const std::string& dir, const ModelConfig& m) {
   const fs::path path = fs::path(dir) / models::kHfConfigName;
   std::error_code ec;
-  if (m.name != "llama" || !fs::is_regular_file(path, ec)) return {};
+  const auto differences = models::model_spec(m.name).hf_config_differences;
+  if (!differences || !fs::is_regular_file(path, ec)) return {};
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
   ST_CHECK(in.good() || in.eof(), "cannot read {}", path.string());
-  return models::hf_config_differences(text.str(), m, path.string());
+  return differences(text.str(), m, path.string());
 }
 
 }  // namespace
@@ -203,7 +181,7 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
   checkpoint::LoadOptions options;
   options.verify = c.verify;
   // Starting from model weights (init_from) may always derive the master weights from them.
-  options.master_from_model = init || has_option(c, kMasterCompatible);
+  options.master_from_model = init || c.unified_checkpoint_config.master_from_model_weights();
   std::vector<StateEntry> entries = training_state(model_, optimizer_, !init);
   const checkpoint::Loaded loaded = checkpoint::load(entries, path, options, fit, world_, log_);
   const std::string read = human_bytes(loaded.bytes);

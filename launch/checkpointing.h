@@ -13,7 +13,7 @@
 #include "checkpoint/dir_guard.h"
 #include "checkpoint/state.h"
 #include "core/comm.h"
-#include "core/config.h"
+#include "launch/config.h"
 #include "core/log.h"
 #include "fsdp/fsdp.h"
 #include "optim/optimizer.h"

@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "core/config.h"
+#include "launch/config.h"
 #include "core/error.h"
 
 namespace st::launch {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "launch/config.h"
 #include "core/tensor.h"
 
 namespace st::launch {

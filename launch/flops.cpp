@@ -1,49 +1,14 @@
-// Parameter counts, training FLOPs per token, the GPU peak table and MFU.
+// The GPU peak table and MFU.
 #include "launch/flops.h"
 
 #include <array>
 #include <string_view>
 
 #include "core/error.h"
-#include "models/layers.h"
-#include "models/toy.h"
 
 namespace st::launch {
 
 namespace {
-
-ModelFlops llama_flops(const ModelConfig& c, int64_t seq_len) {
-  // The same checks the model's constructor makes, so a config that cannot be
-  // built cannot be counted either (and head_dim below never divides by zero).
-  models::check_llama_dims(c);
-  const int64_t d = c.hidden_size;
-  const int64_t head_dim = d / c.num_attention_heads;
-  const int64_t kv_width = head_dim * c.num_key_value_heads;   // k_proj / v_proj output width
-  const int64_t layer_matmul = 2 * d * d                       // q_proj, o_proj
-                               + 2 * d * kv_width              // k_proj, v_proj
-                               + 3 * d * c.intermediate_size;  // gate_proj, up_proj, down_proj
-  const int64_t layer_norms = 2 * d;                           // input_layernorm, post_attention_layernorm
-  const int64_t table = c.vocab_size * d;                      // embed_tokens; lm_head has the same shape
-
-  ModelFlops f;
-  f.matmul_params = c.num_hidden_layers * layer_matmul + table;      // + lm_head, tied or not
-  f.params = c.num_hidden_layers * (layer_matmul + layer_norms) + d  // + final norm
-             + table                                                 // embed_tokens
-             + (c.tie_word_embeddings ? 0 : table);                  // lm_head's own matrix
-  const auto attention = 12.0 * static_cast<double>(c.num_hidden_layers) * static_cast<double>(seq_len) *
-                         static_cast<double>(head_dim * c.num_attention_heads);
-  f.flops_per_token = 6.0 * static_cast<double>(f.matmul_params) + attention;
-  return f;
-}
-
-ModelFlops toy_flops() {
-  using models::Toy;
-  ModelFlops f;
-  f.matmul_params = Toy::kIn * Toy::kHidden + Toy::kHidden * Toy::kOut;
-  f.params = f.matmul_params + Toy::kHidden + Toy::kOut;  // + the two biases
-  f.flops_per_token = 6.0 * static_cast<double>(f.matmul_params);
-  return f;
-}
 
 // Dense tensor-core BF16 (FP32 accumulate) and plain FP32 peaks of one GPU,
 // in FLOP/s, from NVIDIA's datasheets: "NVIDIA H100 Tensor Core GPU" (SXM,
@@ -75,13 +40,6 @@ constexpr std::array<PeakEntry, 10> kPeaks{{
 }};
 
 }  // namespace
-
-ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
-  ST_CHECK(seq_len > 0, "train.seq_len must be positive to count FLOPs, got {}", seq_len);
-  if (config.name == "llama") return llama_flops(config, seq_len);
-  if (config.name == "toy") return toy_flops();
-  ST_FAIL("model.name: unknown model '{}'; known models: llama, toy", config.name);
-}
 
 double peak_flops(const std::string& device_name, DType dtype) {
   for (const PeakEntry& e : kPeaks) {

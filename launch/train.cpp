@@ -249,8 +249,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
   log.info0("model {}: {} parameters{}", config.model.name, n_params,
             n >= 1e6 ? format(" ({:.2f} M)", n / 1e6) : (n >= 1e3 ? format(" ({:.1f} k)", n / 1e3) : std::string()));
   const bool counts_tokens = model->loss_kind() == models::LossKind::CrossEntropy;
-  const ModelFlops flops = model_flops(config.model, tc.seq_len);
-  const DType compute_dtype = config.fsdp.mixed_precision.param_dtype == PrecisionKind::BF16 ? DType::BF16 : DType::F32;
+  const models::ModelFlops flops = models::model_flops(config.model, tc.seq_len);
+  const DType compute_dtype = config.fsdp.mixed_precision.param_dtype;
   const double device_peak = device.is_cuda() ? peak_flops(cuda::device_name(device.index), compute_dtype) : 0.0;
   log.info0("model FLOPs: {:.4g} per {} for training{} ({} matmul parameters); device peak {}", flops.flops_per_token,
             counts_tokens ? "token" : "sample", counts_tokens ? format(" at seq_len {}", tc.seq_len) : std::string(),
@@ -265,8 +265,8 @@ TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int lo
             cpu::gemm_backend());
   log.info0("{} rank(s), {} (shard groups of {}), param_dtype {}, reduce_dtype {}, recomputed layers {}", world.size(),
             to_string(config.fsdp.sharding_strategy), sharded.shard_group_size(),
-            to_string(config.fsdp.mixed_precision.param_dtype), to_string(config.fsdp.mixed_precision.reduce_dtype),
-            recomputed);
+            precision_name(config.fsdp.mixed_precision.param_dtype),
+            precision_name(config.fsdp.mixed_precision.reduce_dtype), recomputed);
   log.info0("global batch {} = {} rank(s) x {} micro-batch(es) x {} sample(s)", tc.global_batch_size, world.size(),
             accum, tc.micro_batch_size);
   log_config(config, log);

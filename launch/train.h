@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/comm.h"
-#include "core/config.h"
+#include "launch/config.h"
 #include "core/log.h"
 
 namespace st::launch {

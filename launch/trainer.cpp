@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/comm.h"
-#include "core/config.h"
+#include "launch/config.h"
 #include "core/cpu/parallel.h"
 #include "core/cuda/cuda_runtime.h"
 #include "core/error.h"

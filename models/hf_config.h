@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/config.h"
+#include "models/config.h"
 #include "core/dtype.h"
 
 namespace st::models {

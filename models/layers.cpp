@@ -44,24 +44,10 @@ int64_t rows_of(const Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / x.si
 
 }  // namespace
 
-void check_llama_dims(const ModelConfig& c) {
-  ST_CHECK(c.hidden_size > 0, "model.hidden_size must be positive, got {}", c.hidden_size);
-  ST_CHECK(c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0,
-           "model.num_attention_heads ({}) must be positive and divide model.hidden_size ({})", c.num_attention_heads,
-           c.hidden_size);
-  ST_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
-           "model.num_key_value_heads ({}) must be positive and divide model.num_attention_heads ({})",
-           c.num_key_value_heads, c.num_attention_heads);
-  ST_CHECK((c.hidden_size / c.num_attention_heads) % 2 == 0,
-           "head dim model.hidden_size / model.num_attention_heads = {} must be even for rotary embeddings",
-           c.hidden_size / c.num_attention_heads);
-  ST_CHECK(c.intermediate_size > 0, "model.intermediate_size must be positive, got {}", c.intermediate_size);
-}
-
 namespace {
 
 const ModelConfig& checked(const ModelConfig& c) {
-  check_llama_dims(c);
+  c.validate();
   return c;
 }
 

@@ -15,14 +15,10 @@
 //   heads, hd = D / H, F = intermediate_size, V vocabulary, N = B*T rows.
 #include <memory>
 
-#include "core/config.h"
+#include "models/config.h"
 #include "models/module.h"
 
 namespace st::models {
-
-/// Checks the decoder dimensions of `config` (heads divide the width, KV heads
-/// divide the heads, even head dim, ...); the error names the model.* key.
-void check_llama_dims(const ModelConfig& config);
 
 /// y = x W^T + b with W [out, in] (PyTorch layout), over any leading dims.
 class Linear : public Module {

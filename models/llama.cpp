@@ -1,18 +1,16 @@
 // LLaMA: the decoder stack and the head, wired as Hugging Face's
-// LlamaForCausalLM so that parameter names and numerics match it.
+// LlamaForCausalLM so that parameter names and numerics match it; and its
+// model-table entries: the one check of its model.* sizes and its FLOPs.
 #include "models/llama.h"
+
+#include <limits>
 
 namespace st::models {
 
 namespace {
 
 const ModelConfig& checked(const ModelConfig& c) {
-  ST_CHECK(c.vocab_size > 0, "model.vocab_size must be positive, got {}", c.vocab_size);
-  ST_CHECK(c.num_hidden_layers > 0, "model.num_hidden_layers must be positive, got {}", c.num_hidden_layers);
-  ST_CHECK(c.max_position_embeddings > 0, "model.max_position_embeddings must be positive, got {}",
-           c.max_position_embeddings);
-  ST_CHECK(c.init_std > 0, "model.init_std must be positive, got {}", c.init_std);
-  check_llama_dims(c);
+  c.validate();
   return c;
 }
 
@@ -72,6 +70,59 @@ Tensor Llama::backward_impl(const Tensor& dlogits) {
   Tensor dh = lm_head_.backward(dlogits);  // (B,T,D)
   model_.backward(dh);
   return Tensor();
+}
+
+// --- the model table's entries -----------------------------------------------------
+
+void validate_llama(const ModelConfig& m) {
+  require(m.vocab_size > 0, "model.vocab_size", m.vocab_size, "a positive integer");
+  require(m.hidden_size > 0, "model.hidden_size", m.hidden_size, "a positive integer");
+  require(m.intermediate_size > 0, "model.intermediate_size", m.intermediate_size, "a positive integer");
+  require(m.num_hidden_layers > 0, "model.num_hidden_layers", m.num_hidden_layers, "a positive integer");
+  require(m.num_attention_heads > 0, "model.num_attention_heads", m.num_attention_heads, "a positive integer");
+  require(m.num_key_value_heads > 0, "model.num_key_value_heads", m.num_key_value_heads, "a positive integer");
+  require(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
+          format("a multiple of model.num_attention_heads ({})", m.num_attention_heads));
+  require(m.num_attention_heads % m.num_key_value_heads == 0, "model.num_key_value_heads", m.num_key_value_heads,
+          format("a divisor of model.num_attention_heads ({})", m.num_attention_heads));
+  const int64_t head_dim = m.hidden_size / m.num_attention_heads;
+  // Rotary embeddings rotate pairs of channels within a head.
+  require(head_dim % 2 == 0, "model.hidden_size", m.hidden_size,
+          format("an even head_dim = hidden_size / num_attention_heads for rotary embeddings (got {} / {} = {})",
+                 m.hidden_size, m.num_attention_heads, head_dim));
+  require(m.max_position_embeddings > 0, "model.max_position_embeddings", m.max_position_embeddings,
+          "a positive integer");
+  require(m.rope_theta > 0 && fits_f32(m.rope_theta), "model.rope_theta", m.rope_theta,
+          "a positive number within F32 range");
+  require(m.rms_norm_eps >= std::numeric_limits<float>::min() && m.rms_norm_eps < 1, "model.rms_norm_eps",
+          m.rms_norm_eps, "a number in [1.2e-38, 1)");
+  require(m.init_std > 0 && m.init_std <= 10, "model.init_std", m.init_std, "a number in (0, 10]");
+}
+
+void check_llama_seq_len(const ModelConfig& m, int64_t seq_len) {
+  require(seq_len <= m.max_position_embeddings, "train.seq_len", seq_len,
+          format("at most model.max_position_embeddings ({})", m.max_position_embeddings));
+}
+
+ModelFlops llama_flops(const ModelConfig& c, int64_t seq_len) {
+  const int64_t d = c.hidden_size;
+  const int64_t head_dim = d / c.num_attention_heads;
+  const int64_t kv_width = head_dim * c.num_key_value_heads;   // k_proj / v_proj output width
+  const int64_t layer_matmul = 2 * d * d                       // q_proj, o_proj
+                               + 2 * d * kv_width              // k_proj, v_proj
+                               + 3 * d * c.intermediate_size;  // gate_proj, up_proj, down_proj
+  const int64_t layer_norms = 2 * d;                           // input_layernorm, post_attention_layernorm
+  const int64_t table = c.vocab_size * d;                      // embed_tokens; lm_head has the same shape
+
+  ModelFlops f;
+  f.matmul_params = c.num_hidden_layers * layer_matmul + table;      // + lm_head, tied or not
+  f.params = c.num_hidden_layers * (layer_matmul + layer_norms) + d  // + final norm
+             + table                                                 // embed_tokens
+             + (c.tie_word_embeddings ? 0 : table);                  // lm_head's own matrix
+  const auto attention = 12.0 * static_cast<double>(c.num_hidden_layers) * static_cast<double>(seq_len) *
+                         static_cast<double>(head_dim * c.num_attention_heads);
+  f.flops_per_token = 6.0 * static_cast<double>(f.matmul_params) + attention;
+  return f;
 }
 
 }  // namespace st::models

@@ -20,6 +20,13 @@
 
 namespace st::models {
 
+/// model.name "llama" in the model table (models/model.cpp): the one check of
+/// the model.* sizes (errors name the key), the train.seq_len limit, and the
+/// FLOP count (models/model.h's ModelFlops).
+void validate_llama(const ModelConfig& config);
+void check_llama_seq_len(const ModelConfig& config, int64_t seq_len);
+ModelFlops llama_flops(const ModelConfig& config, int64_t seq_len);
+
 /// The decoder stack without the head: tokens I32 [B, T] -> hidden [B, T, D].
 class LlamaModel : public Module {
  public:

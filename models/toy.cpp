@@ -37,4 +37,12 @@ Tensor Toy::backward_impl(const Tensor& dy) {
   return net1_.backward(d);       // (B,16)
 }
 
+ModelFlops toy_flops(const ModelConfig&, int64_t) {
+  ModelFlops f;
+  f.matmul_params = Toy::kIn * Toy::kHidden + Toy::kHidden * Toy::kOut;
+  f.params = f.matmul_params + Toy::kHidden + Toy::kOut;  // + the two biases
+  f.flops_per_token = 6.0 * static_cast<double>(f.matmul_params);
+  return f;
+}
+
 }  // namespace st::models

@@ -36,4 +36,7 @@ class Toy : public Model {
   Linear& net2_;
 };
 
+/// model.name "toy" in the model table: 6 FLOPs per weight per sample, no attention.
+ModelFlops toy_flops(const ModelConfig& config, int64_t seq_len);
+
 }  // namespace st::models

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "optim/config.h"
 #include "optim/optimizer.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)

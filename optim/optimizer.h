@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/config.h"
+#include "optim/config.h"
 #include "core/tensor.h"
 
 namespace st::optim {

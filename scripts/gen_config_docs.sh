@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the README's configuration reference from the code
-# (core/config.cpp's schema, through `trainer --list-keys`).
+# (each layer's visit_keys(), gathered by launch/config.cpp, through `trainer --list-keys`).
 #   scripts/gen_config_docs.sh [BUILD_DIR]           # rewrite README.md in place
 #   scripts/gen_config_docs.sh --check [BUILD_DIR]   # exit 1 if README.md is stale (a CTest test)
 set -euo pipefail

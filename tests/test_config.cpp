@@ -1,6 +1,6 @@
 // Configuration loading, overrides, validation and the key reference.
 // Runs with the repository root as working directory (CTest sets it), so the
-// shipped configs/*.yaml and core/config.h are read from there.
+// shipped configs/*.yaml and the */config.h headers are read from there.
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/config.h"
+#include "launch/config.h"
 #include "core/error.h"
 #include "tests/test_util.h"
 
@@ -84,7 +84,7 @@ TEST(Config, EmptyYamlGivesDefaults) {
   const Config c = load("");
   EXPECT_EQ(c.model.name, "llama");
   EXPECT_EQ(c.fsdp.sharding_strategy, ShardingStrategy::FullShard);
-  EXPECT_EQ(c.fsdp.mixed_precision.param_dtype, PrecisionKind::BF16);
+  EXPECT_EQ(c.fsdp.mixed_precision.param_dtype, DType::BF16);
   EXPECT_EQ(c.fsdp.auto_wrap.module_types, std::vector<std::string>{"DecoderLayer"});
 }
 
@@ -192,21 +192,21 @@ logging:
   EXPECT_EQ(c.fsdp.auto_wrap.policy, WrapPolicy::SizeBased);
   EXPECT_EQ(c.fsdp.auto_wrap.min_num_params, 256);
   EXPECT_EQ(c.fsdp.auto_wrap.module_types, (std::vector<std::string>{"DecoderLayer", "Attention"}));
-  EXPECT_EQ(c.fsdp.mixed_precision.param_dtype, PrecisionKind::F32);
-  EXPECT_EQ(c.fsdp.mixed_precision.reduce_dtype, PrecisionKind::BF16);
+  EXPECT_EQ(c.fsdp.mixed_precision.param_dtype, DType::F32);
+  EXPECT_EQ(c.fsdp.mixed_precision.reduce_dtype, DType::BF16);
   EXPECT_EQ(c.fsdp.activation_checkpointing.mode, RecomputeMode::EveryN);
   EXPECT_EQ(c.fsdp.activation_checkpointing.n, 3);
   EXPECT_FALSE(c.fsdp.forward_prefetch);
   EXPECT_FALSE(c.fsdp.limit_all_gathers);
   EXPECT_EQ(c.checkpoint.dir, "ckpt/run 1");
   EXPECT_EQ(c.checkpoint.interval, 5);
-  EXPECT_EQ(c.checkpoint.format, CheckpointFormat::Sharded);
+  EXPECT_EQ(c.checkpoint.format, checkpoint::Layout::Sharded);
   EXPECT_TRUE(c.checkpoint.async);
   EXPECT_EQ(c.checkpoint.keep_last, 3);
   EXPECT_FALSE(c.checkpoint.verify);
   EXPECT_EQ(c.checkpoint.init_from, "hf/llama");
   EXPECT_EQ(c.checkpoint.unified_checkpoint_config,
-            (std::vector<std::string>{"master_weight_compatible", "enable_all_options"}));
+            (UnifiedOptions{.master_weight_compatible = true, .enable_all_options = true}));
   EXPECT_EQ(c.logging.interval, 2);
   EXPECT_EQ(c.logging.metrics_file, "metrics.jsonl");
   EXPECT_EQ(c.logging.level, "debug");
@@ -359,7 +359,7 @@ TEST(Config, SetOverrides) {
                          " optim.lr = 1e-3", "checkpoint.dir=", "logging.metrics_file=out/m.jsonl", "train.steps=60"});
   EXPECT_EQ(c.train.steps, 60);  // later wins
   EXPECT_EQ(c.fsdp.sharding_strategy, ShardingStrategy::NoShard);
-  EXPECT_EQ(c.fsdp.mixed_precision.param_dtype, PrecisionKind::F32);
+  EXPECT_EQ(c.fsdp.mixed_precision.param_dtype, DType::F32);
   EXPECT_EQ(c.fsdp.auto_wrap.module_types, (std::vector<std::string>{"DecoderLayer", "Embedding"}));
   EXPECT_TRUE(c.checkpoint.async);
   EXPECT_EQ(c.optim.lr, 1e-3);
@@ -368,9 +368,14 @@ TEST(Config, SetOverrides) {
 
   Config d;
   apply_override(d, "checkpoint.unified_checkpoint_config=[enable_all_options]");
-  EXPECT_EQ(d.checkpoint.unified_checkpoint_config, std::vector<std::string>{"enable_all_options"});
+  EXPECT_EQ(d.checkpoint.unified_checkpoint_config, UnifiedOptions{.enable_all_options = true});
+  EXPECT_TRUE(d.checkpoint.unified_checkpoint_config.skip_model_weights());
+  EXPECT_TRUE(d.checkpoint.unified_checkpoint_config.master_from_model_weights());
+  apply_override(d, "checkpoint.unified_checkpoint_config=[skip_save_model_weight]");
+  EXPECT_EQ(d.checkpoint.unified_checkpoint_config, UnifiedOptions{.skip_save_model_weight = true});
+  EXPECT_FALSE(d.checkpoint.unified_checkpoint_config.master_from_model_weights());
   apply_override(d, "checkpoint.unified_checkpoint_config=[]");
-  EXPECT_TRUE(d.checkpoint.unified_checkpoint_config.empty());
+  EXPECT_EQ(d.checkpoint.unified_checkpoint_config, UnifiedOptions{});
 }
 
 TEST(Config, SetErrors) {
@@ -454,8 +459,8 @@ TEST(Config, ValidateNamesTheKey) {
   // Longer than the run is the trainer's to clamp (with a warning), not an error.
   EXPECT_EQ(validate_error([](Config& c) { c.optim.schedule.warmup_steps = 101; }), "<no error>");
   EXPECT_EQ(validate_error([](Config& c) {
-              c.checkpoint.format = CheckpointFormat::Sharded;
-              c.checkpoint.unified_checkpoint_config = {"skip_save_model_weight"};
+              c.checkpoint.format = checkpoint::Layout::Sharded;
+              c.checkpoint.unified_checkpoint_config.skip_save_model_weight = true;
             }),
             "invalid value skip_save_model_weight for 'checkpoint.unified_checkpoint_config': expected no "
             "skip_save_model_weight with checkpoint.format: sharded (that layout stores only master weights and "
@@ -475,10 +480,12 @@ TEST(Config, ValidateNamesTheKey) {
             "invalid value -1 for 'checkpoint.interval': expected a non-negative integer (0 = only at the end)");
   EXPECT_EQ(validate_error([](Config& c) { c.checkpoint.keep_last = -2; }),
             "invalid value -2 for 'checkpoint.keep_last': expected a non-negative integer (0 keeps all)");
-  EXPECT_EQ(validate_error([](Config& c) { c.checkpoint.unified_checkpoint_config = {"enable_all_option"}; }),
-            "invalid value enable_all_option for 'checkpoint.unified_checkpoint_config': expected entries from "
-            "skip_save_model_weight | master_weight_compatible | enable_all_options; "
-            "did you mean 'enable_all_options'?");
+  // enable_all_options holds skip_save_model_weight but names it only implicitly: accepted with sharded.
+  EXPECT_EQ(validate_error([](Config& c) {
+              c.checkpoint.format = checkpoint::Layout::Sharded;
+              c.checkpoint.unified_checkpoint_config.enable_all_options = true;
+            }),
+            "<no error>");
   EXPECT_EQ(validate_error([](Config& c) { c.logging.interval = 0; }),
             "invalid value 0 for 'logging.interval': expected a positive integer");
   EXPECT_EQ(validate_error([](Config& c) { c.logging.level = "wran"; }),
@@ -507,13 +514,13 @@ TEST(Config, ToYamlRoundTrips) {
   c.optim.schedule.kind = ScheduleKind::Linear;
   c.fsdp.sharding_strategy = ShardingStrategy::ShardGradOp;
   c.fsdp.auto_wrap.module_types = {"DecoderLayer", "true", "123", "null", "", "- x", "a, b", "[c]"};
-  c.fsdp.mixed_precision.reduce_dtype = PrecisionKind::BF16;
+  c.fsdp.mixed_precision.reduce_dtype = DType::BF16;
   c.fsdp.activation_checkpointing.mode = RecomputeMode::Full;
   c.fsdp.forward_prefetch = false;
   c.checkpoint.dir = "1e5";
   c.checkpoint.init_from = "~";
-  c.checkpoint.format = CheckpointFormat::Sharded;
-  c.checkpoint.unified_checkpoint_config = {"enable_all_options"};
+  c.checkpoint.format = checkpoint::Layout::Sharded;
+  c.checkpoint.unified_checkpoint_config.enable_all_options = true;
   c.logging.metrics_file = "ümlaut.jsonl";
   const std::string text = to_yaml(c);
   const Config back = load_config_from_string(text, "resolved.yaml");
@@ -575,19 +582,22 @@ TEST(Config, ConfigKeysCoverEveryKeyOnce) {
 }
 
 TEST(Config, DocsMatchTheHeaderComments) {
-  // The schema's doc strings are written a second time as comments in
-  // config.h; this keeps the two copies identical.
-  std::ifstream in("core/config.h");
-  ASSERT_TRUE(in.good()) << "run from the repository root";
+  // The schema's doc strings are written a second time as comments in the
+  // headers that declare the fields; this keeps the two copies identical.
   std::stringstream header;
-  header << in.rdbuf();
+  for (const char* path :
+       {"models/config.h", "optim/config.h", "fsdp/config.h", "checkpoint/config.h", "launch/config.h"}) {
+    std::ifstream in(path);
+    ASSERT_TRUE(in.good()) << path << ": run from the repository root";
+    header << in.rdbuf();
+  }
   for (const ConfigKeyDoc& k : config_keys()) {
     const std::string comment = "// " + k.doc + "\n";
-    EXPECT_NE(header.str().find(comment), std::string::npos) << k.key << ": no comment '" << k.doc << "' in config.h";
+    EXPECT_NE(header.str().find(comment), std::string::npos) << k.key << ": no comment '" << k.doc << "' in the */config.h headers";
     const std::string field = k.key.substr(k.key.rfind('.') + 1);
     const bool declared = header.str().find(" " + field + " = ") != std::string::npos ||
                           header.str().find(" " + field + ";") != std::string::npos;
-    EXPECT_TRUE(declared) << k.key << ": no field '" << field << "' in config.h";
+    EXPECT_TRUE(declared) << k.key << ": no field '" << field << "' in the */config.h headers";
   }
 }
 
@@ -602,7 +612,7 @@ TEST(Config, ShippedConfigsLoadAndValidate) {
   EXPECT_EQ(toy.model.name, "toy");
   EXPECT_EQ(toy.train.device, DeviceKind::Cpu);
   EXPECT_EQ(toy.fsdp.auto_wrap.policy, WrapPolicy::None);
-  EXPECT_EQ(toy.fsdp.mixed_precision.param_dtype, PrecisionKind::F32);
+  EXPECT_EQ(toy.fsdp.mixed_precision.param_dtype, DType::F32);
   EXPECT_EQ(toy.logging.interval, 1);
 
   const Config tiny = load_config("configs/llama-tiny.yaml");
@@ -611,7 +621,7 @@ TEST(Config, ShippedConfigsLoadAndValidate) {
   EXPECT_EQ(tiny.fsdp.sharding_strategy, ShardingStrategy::FullShard);
   EXPECT_EQ(tiny.fsdp.auto_wrap.policy, WrapPolicy::Transformer);
   // The issue-4 default: FULL_SHARD + BF16 + recomputation of every layer.
-  EXPECT_EQ(tiny.fsdp.mixed_precision.param_dtype, PrecisionKind::BF16);
+  EXPECT_EQ(tiny.fsdp.mixed_precision.param_dtype, DType::BF16);
   EXPECT_EQ(tiny.fsdp.activation_checkpointing.mode, RecomputeMode::Full);
   for (int64_t world : {1, 2, 3, 4}) {
     EXPECT_EQ(tiny.train.global_batch_size % (world * tiny.train.micro_batch_size), 0) << "world size " << world;
@@ -620,7 +630,7 @@ TEST(Config, ShippedConfigsLoadAndValidate) {
   const Config llama = load_config("configs/llama.yaml", std::vector<std::string>{"train.steps=300"});
   EXPECT_EQ(llama.train.steps, 300);
   EXPECT_EQ(llama.train.device, DeviceKind::Cuda);
-  EXPECT_EQ(llama.fsdp.mixed_precision.param_dtype, PrecisionKind::BF16);
+  EXPECT_EQ(llama.fsdp.mixed_precision.param_dtype, DType::BF16);
   EXPECT_EQ(llama.checkpoint.dir, "ckpt/llama");
   EXPECT_EQ(llama.checkpoint.interval, 200);
   // The parameter count stated in the file's header comment.

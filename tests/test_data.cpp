@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "core/config.h"
+#include "launch/config.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "launch/data.h"

@@ -1,5 +1,6 @@
-// launch/flops.h: parameter counts against the models as built, FLOPs per
-// token against a hand count, the GPU peak table and MFU; and (when CTest's
+// The model table's FLOP counts (models/model.h): parameter counts against
+// the models as built, FLOPs per token against a hand count; launch/flops.h:
+// the GPU peak table and MFU; and (when CTest's
 // flops_peer_python sets ST_FLOPS_PEER_JSON) the PyTorch peer's counts of
 // the same config, which must agree exactly.
 #include <cstdlib>
@@ -11,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/config.h"
+#include "launch/config.h"
 #include "launch/flops.h"
 #include "models/layers.h"
 #include "models/model.h"
@@ -19,6 +20,9 @@
 
 namespace st::launch {
 namespace {
+
+using models::model_flops;
+using models::ModelFlops;
 
 struct Counted {
   int64_t params = 0;

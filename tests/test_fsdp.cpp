@@ -20,7 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "core/comm.h"
-#include "core/config.h"
+#include "launch/config.h"
 #include "core/log.h"
 #include "core/ops.h"
 #include "fsdp/fsdp.h"
@@ -41,8 +41,8 @@ Config tiny_config(ShardingStrategy strategy) {
   Config c = load_config("configs/llama-tiny.yaml");
   c.train.steps = 10;
   c.fsdp.sharding_strategy = strategy;
-  c.fsdp.mixed_precision.param_dtype = PrecisionKind::F32;
-  c.fsdp.mixed_precision.reduce_dtype = PrecisionKind::F32;
+  c.fsdp.mixed_precision.param_dtype = DType::F32;
+  c.fsdp.mixed_precision.reduce_dtype = DType::F32;
   c.fsdp.activation_checkpointing.mode = RecomputeMode::None;
   return c;
 }
@@ -314,9 +314,9 @@ TEST(ShardedModel, Bf16TracksTheF32Run) {
   // step (BF16 weights and activations, F32 or BF16 gradient reduction).
   // 1e-3 leaves room for other BLAS builds; a real bug (a missed reduction,
   // a stale shard) moves the loss by 1e-2 or more.
-  for (PrecisionKind reduce : {PrecisionKind::F32, PrecisionKind::BF16}) {
+  for (DType reduce : {DType::F32, DType::BF16}) {
     Config c = tiny_config(ShardingStrategy::FullShard);
-    c.fsdp.mixed_precision.param_dtype = PrecisionKind::BF16;
+    c.fsdp.mixed_precision.param_dtype = DType::BF16;
     c.fsdp.mixed_precision.reduce_dtype = reduce;
     {
       Harness h(c, world);
@@ -325,11 +325,11 @@ TEST(ShardedModel, Bf16TracksTheF32Run) {
     }
     const RunResult r = run(c, world);
     const double err = max_rel_loss_diff(r.losses, ref.losses);
-    EXPECT_LT(err, 1e-3) << "reduce_dtype " << to_string(reduce);
+    EXPECT_LT(err, 1e-3) << "reduce_dtype " << precision_name(reduce);
     EXPECT_GT(err, 0.0) << "bf16 should round somewhere";
     if (world.rank() == 0) {
       std::printf("world %d bf16 params, %s reduce: max rel loss diff vs f32 %.2e\n", world.size(),
-                  std::string(to_string(reduce)).c_str(), err);
+                  std::string(precision_name(reduce)).c_str(), err);
     }
   }
 }
@@ -354,7 +354,7 @@ int64_t differing_bytes(const std::vector<Tensor>& a, const std::vector<Tensor>&
 
 TEST(ShardedModel, RecomputationIsBitIdentical) {
   ProcessGroup& world = test::world();
-  for (PrecisionKind dtype : {PrecisionKind::F32, PrecisionKind::BF16}) {
+  for (DType dtype : {DType::F32, DType::BF16}) {
     Config plain = tiny_config(ShardingStrategy::FullShard);
     plain.fsdp.mixed_precision.param_dtype = dtype;
     Config recomputed = plain;
@@ -363,9 +363,9 @@ TEST(ShardedModel, RecomputationIsBitIdentical) {
     for (int step = 0; step < 3; ++step) {
       const double la = a.forward_backward();
       const double lb = b.forward_backward();
-      EXPECT_EQ(la, lb) << "step " << step << ", " << to_string(dtype);
+      EXPECT_EQ(la, lb) << "step " << step << ", " << precision_name(dtype);
       EXPECT_EQ(differing_bytes(grad_shards(a.sharded()), grad_shards(b.sharded())), 0)
-          << "gradient shards differ at step " << step << ", " << to_string(dtype);
+          << "gradient shards differ at step " << step << ", " << precision_name(dtype);
       a.update();
       b.update();
     }

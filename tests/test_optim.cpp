@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/config.h"
+#include "launch/config.h"
 #include "core/cpu/parallel.h"
 #include "core/tensor.h"
 #include "optim/optimizer.h"

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/config.h"
+#include "launch/config.h"
 #include "fsdp/fsdp.h"
 #include "models/model.h"
 #include "test_util.h"

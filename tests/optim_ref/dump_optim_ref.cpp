@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "launch/config.h"
 #include "core/error.h"
 #include "optim/optimizer.h"
 

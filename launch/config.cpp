@@ -1,0 +1,135 @@
+// The run configuration: the launcher's own sections and the whole file.
+#include "launch/config.h"
+
+#include "models/model.h"
+
+namespace st {
+
+namespace {
+
+constexpr Named<DeviceKind> kDeviceNames[] = {
+    {DeviceKind::Cpu, "cpu"}, {DeviceKind::Cuda, "cuda"}, {DeviceKind::Auto, "auto"}};
+constexpr Named<DataKind> kDataNames[] = {
+    {DataKind::Synthetic, "synthetic"}, {DataKind::Text, "text"}, {DataKind::Tokens, "tokens"}};
+constexpr Named<TokenDType> kTokenDTypeNames[] = {{TokenDType::U16, "uint16"}, {TokenDType::U32, "uint32"}};
+constexpr std::string_view kLogLevels[] = {"debug", "info", "warn", "error"};
+
+void visit_train(TrainConfig& t, const KeyVisitor& v) {
+  v({"steps", "optimizer steps in the run (the LR schedule follows it)"}, t.steps);
+  v({"global_batch_size", "sequences per optimizer step, over all ranks"}, t.global_batch_size);
+  v({"micro_batch_size", "sequences per forward/backward on one rank"}, t.micro_batch_size);
+  v({"seq_len", "tokens per sequence"}, t.seq_len);
+  v({"seed", "seeds init, data order and synthetic data"}, t.seed);
+  v({"device", "cpu | cuda | auto (cuda when a GPU is visible)"}, t.device);
+  v({"threads", "CPU threads per rank; 0 = the cores this rank may use"}, t.threads);
+}
+
+void visit_data(DataConfig& d, const KeyVisitor& v) {
+  v({"kind", "synthetic (seeded learnable Markov-chain tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)"},
+    d.kind);
+  v({"path", "file or directory for text/tokens; unused for synthetic"}, d.path);
+  v({"token_dtype", "token width of headerless tokens files (llm.c shards give their own)"}, d.token_dtype);
+}
+
+void visit_comm(CommConfig& c, const KeyVisitor& v) {
+  v({"timeout_s", "abort the job when a collective makes no progress for this long; 0 disables the watchdog"},
+    c.timeout_s);
+}
+
+void visit_logging(LoggingConfig& l, const KeyVisitor& v) {
+  v({"interval", "print a step line every N steps"}, l.interval);
+  v({"metrics_file", "append one JSON object per logged step; empty disables"}, l.metrics_file);
+  v({"level", "debug | info | warn | error", kLogLevels}, l.level);
+  v({"profile",
+     "print where each step's time went (phases, GEMM, ops, collective waits) and a summary table at the end; "
+     "same as --profile"},
+    l.profile);
+}
+
+Schema schema_of(Config& c) {
+  return [&c](const KeyVisitor& v) { visit_keys(c, v); };
+}
+
+}  // namespace
+
+std::span<const Named<DeviceKind>> names_of(DeviceKind) { return kDeviceNames; }
+std::span<const Named<DataKind>> names_of(DataKind) { return kDataNames; }
+std::span<const Named<TokenDType>> names_of(TokenDType) { return kTokenDTypeNames; }
+
+void visit_keys(Config& c, const KeyVisitor& v) {
+  visit_keys(c.model, in_section("model", v));
+  visit_train(c.train, in_section("train", v));
+  visit_data(c.data, in_section("data", v));
+  visit_keys(c.optim, in_section("optim", v));
+  visit_keys(c.fsdp, in_section("fsdp", v));
+  visit_keys(c.checkpoint, in_section("checkpoint", v));
+  visit_comm(c.comm, in_section("comm", v));
+  visit_logging(c.logging, in_section("logging", v));
+}
+
+void TrainConfig::validate() const {
+  require(steps > 0, "train.steps", steps, "a positive integer");
+  require(threads >= 0 && threads <= 4096, "train.threads", threads, "0 (automatic) or a thread count <= 4096");
+  require(global_batch_size > 0, "train.global_batch_size", global_batch_size, "a positive integer");
+  require(micro_batch_size > 0, "train.micro_batch_size", micro_batch_size, "a positive integer");
+  require(global_batch_size % micro_batch_size == 0, "train.micro_batch_size", micro_batch_size,
+          format("a divisor of train.global_batch_size ({})", global_batch_size));
+  require(seq_len > 0, "train.seq_len", seq_len, "a positive integer");
+}
+
+void DataConfig::validate() const {
+  require(kind == DataKind::Synthetic || !path.empty(), "data.path", path,
+          format("a file or directory (required when data.kind is {})", to_string(kind)));
+}
+
+void CommConfig::validate() const {
+  require(timeout_s >= 0 && timeout_s <= 1e7, "comm.timeout_s", timeout_s,
+          "a number of seconds in [0, 1e7] (0 disables the watchdog)");
+}
+
+void LoggingConfig::validate() const {
+  require(interval >= 1, "logging.interval", interval, "a positive integer");
+  require(in_choices(level, kLogLevels), "logging.level", level,
+          format("one of {}{}", join(kLogLevels, " | "), did_you_mean(level, kLogLevels)));
+}
+
+void Config::validate() const {
+  model.validate();
+  models::model_spec(model.name).check_seq_len(model, train.seq_len);
+  train.validate();
+  data.validate();
+  optim.validate();
+  fsdp.validate();
+  checkpoint.validate();
+  comm.validate();
+  logging.validate();
+}
+
+std::vector<ConfigKeyDoc> config_keys() {
+  Config defaults;
+  return config_keys(schema_of(defaults));
+}
+
+void apply_override(Config& config, std::string_view assignment) { apply_override(schema_of(config), assignment); }
+
+Config load_config_from_string(std::string_view yaml, std::string_view source_name,
+                               std::span<const std::string> overrides) {
+  Config config;
+  const Schema schema = schema_of(config);
+  load_yaml(schema, yaml, source_name);
+  for (const std::string& o : overrides) apply_override(schema, o);
+  config.validate();
+  return config;
+}
+
+Config load_config(const std::string& path, std::span<const std::string> overrides) {
+  // Errors name the path as the user gave it, so it can be pasted back.
+  return load_config_from_string(read_config_file(path), path, overrides);
+}
+
+std::string to_yaml(const Config& config) {
+  Config copy = config;  // a visit hands out writable fields; to_yaml only reads them
+  return to_yaml(schema_of(copy));
+}
+
+}  // namespace st

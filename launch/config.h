@@ -1,0 +1,115 @@
+#pragma once
+// The whole run configuration (configs/*.yaml): one section per layer, each
+// owned by its layer (model.* models/config.h, optim.* optim/config.h, fsdp.*
+// fsdp/config.h, checkpoint.* checkpoint/config.h), plus the sections the
+// launcher itself owns, declared here: train.*, data.*, comm.* and logging.*.
+//
+// The YAML keys are the field names, nested by section
+// ("fsdp.mixed_precision.param_dtype"). Loading is strict (core/config.h); `--set
+// key=value` overrides go through the same parser. config_keys() lists every
+// key with its type, default and doc; the README's configuration reference is
+// generated from it.
+//
+// One field per line with its doc comment: tests/test_config.cpp checks each
+// comment against the doc string in visit_keys(), so the layout is kept as written.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "checkpoint/config.h"
+#include "core/config.h"
+#include "fsdp/config.h"
+#include "models/config.h"
+#include "optim/config.h"
+
+namespace st {
+
+enum class DeviceKind : uint8_t { Cpu, Cuda, Auto };
+enum class DataKind : uint8_t { Synthetic, Text, Tokens };
+enum class TokenDType : uint8_t { U16, U32 };
+
+/// YAML spellings: "cpu" | "cuda" | "auto"; "synthetic" | "text" | "tokens"; "uint16" | "uint32".
+std::span<const Named<DeviceKind>> names_of(DeviceKind);
+std::span<const Named<DataKind>> names_of(DataKind);
+std::span<const Named<TokenDType>> names_of(TokenDType);
+
+// clang-format off
+struct TrainConfig {
+  int64_t steps = 100;                 // optimizer steps in the run (the LR schedule follows it)
+  int64_t global_batch_size = 8;       // sequences per optimizer step, over all ranks
+  int64_t micro_batch_size = 1;        // sequences per forward/backward on one rank
+  int64_t seq_len = 128;               // tokens per sequence
+  uint64_t seed = 1234;                // seeds init, data order and synthetic data
+  DeviceKind device = DeviceKind::Auto;  // cpu | cuda | auto (cuda when a GPU is visible)
+  int64_t threads = 0;                 // CPU threads per rank; 0 = the cores this rank may use
+
+  /// Throws st::Error naming the key (checks that need the world size are the trainer's, at start-up).
+  void validate() const;
+  bool operator==(const TrainConfig&) const = default;
+};
+
+struct DataConfig {
+  DataKind kind = DataKind::Synthetic;  // synthetic (seeded learnable Markov-chain tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)
+  std::string path;                     // file or directory for text/tokens; unused for synthetic
+  TokenDType token_dtype = TokenDType::U16;  // token width of headerless tokens files (llm.c shards give their own)
+
+  void validate() const;
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct CommConfig {
+  double timeout_s = 600;              // abort the job when a collective makes no progress for this long; 0 disables the watchdog
+
+  void validate() const;
+  bool operator==(const CommConfig&) const = default;
+};
+
+struct LoggingConfig {
+  int64_t interval = 1;                // print a step line every N steps
+  std::string metrics_file;            // append one JSON object per logged step; empty disables
+  std::string level = "info";          // debug | info | warn | error
+  bool profile = false;                // print where each step's time went (phases, GEMM, ops, collective waits) and a summary table at the end; same as --profile
+
+  void validate() const;
+  bool operator==(const LoggingConfig&) const = default;
+};
+// clang-format on
+
+struct Config {
+  ModelConfig model;
+  TrainConfig train;
+  DataConfig data;
+  OptimConfig optim;
+  FsdpConfig fsdp;
+  CheckpointConfig checkpoint;
+  CommConfig comm;
+  LoggingConfig logging;
+
+  /// Each section's validate(), then the rules between sections
+  /// (train.seq_len against the model); throws st::Error naming the key.
+  void validate() const;
+
+  /// Field-by-field equality (e.g. a resumed run against its checkpoint's config).
+  bool operator==(const Config&) const = default;
+};
+
+/// Every key of every section, with its full dotted name, in to_yaml() order.
+void visit_keys(Config& c, const KeyVisitor& v);
+
+/// Every key, for help text and the README reference.
+std::vector<ConfigKeyDoc> config_keys();
+
+/// Loads `path`, applies `overrides` ("key=value", later wins), validates.
+/// Errors name the file as `path` was given ("llama.yaml:7", "configs/x.yaml:3").
+Config load_config(const std::string& path, std::span<const std::string> overrides = {});
+/// The same from YAML text; `source_name` stands in for the file name in errors.
+Config load_config_from_string(std::string_view yaml, std::string_view source_name,
+                               std::span<const std::string> overrides = {});
+/// Applies one "key=value" override (value parsed as YAML) without validating.
+void apply_override(Config& config, std::string_view assignment);
+/// The resolved configuration as YAML (loadable again by load_config).
+std::string to_yaml(const Config& config);
+
+}  // namespace st
