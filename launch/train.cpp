@@ -186,6 +186,434 @@ class RunProfile {
   std::unique_ptr<profile::Profiler::Scope> scope_;
 };
 
+// What one optimizer step measured; the same on every rank.
+struct StepStats {
+  double loss = 0;       // mean over the global batch
+  double grad_norm = 0;  // global norm before clipping
+  double lr = 0;         // learning rate the optimizer used
+};
+
+// One train() call: run() sets up, then per step runs step(), report() and
+// save(). Every rank calls each member function at the same point of the
+// run; most are collective. Members are declared in the order setup() fills
+// them, so they are destroyed in reverse: the checkpointer, which may wait
+// for a save in flight, before the model and optimizer it reads.
+class Trainer {
+ public:
+  Trainer(const Config& config, ProcessGroup& world, Logger& log, int local_size, const TrainOptions& options)
+      : config_(config), tc_(config.train), world_(world), log_(log), local_size_(local_size), options_(options) {}
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Sets up, then runs from the resumed step to --stop-after, train.steps or a stop signal.
+  TrainResult run();
+
+ private:
+  // Devices, model, sharding, optimizer, data, metrics, checkpoints/resume, in this order.
+  void setup();
+  void setup_devices();
+  void setup_model();
+  void setup_data();
+  void log_model();  // also computes the model FLOPs and the device peak
+  void log_run() const;
+  void setup_batches();
+  void setup_checkpoints();
+
+  // Optimizer step `done` + 1; nullopt when a stop request ended it between
+  // micro-batches (then nothing changed: no update, no samples consumed).
+  std::optional<StepStats> step(int64_t done);
+  int64_t load_batches();
+  std::optional<double> forward_backward(float grad_scale);
+  StepStats sync_gradients(int64_t done, int64_t count, double local_loss_sum);
+
+  // Not collective: times step `done` + 1 (begun at `step_start`), prints its
+  // line and appends its metrics when it is logged; returns whether it was.
+  bool report(int64_t done, const StepStats& stats, Clock::time_point step_start);
+  // After the loop: waits for the last save, prints the profile table and the summary.
+  TrainResult finish();
+
+  // After step `done` + 1: agrees on a stop, commits a finished background
+  // save and saves when due.
+  void save(int64_t done);
+  // After a stop ended step `done` + 1 between micro-batches.
+  void save_after_stop(int64_t done);
+
+  const Config& config_;
+  const TrainConfig& tc_;
+  ProcessGroup& world_;
+  Logger& log_;
+  const int local_size_;
+  const TrainOptions& options_;
+
+  int64_t accum_ = 0;  // micro-batches per rank per step
+  std::string resume_;
+  std::optional<checkpoint::DirectoryLock> dir_lock_;  // held for the whole run
+  Device device_ = Device::cpu();
+  int threads_ = 0;
+  std::unique_ptr<ProcessGroup> gpu_group_;
+  ProcessGroup* fsdp_group_ = nullptr;  // *gpu_group_ or world_
+  Allocator* allocator_ = nullptr;
+
+  std::unique_ptr<models::Model> model_;
+  int64_t n_params_ = 0;
+  int recomputed_ = 0;
+  std::optional<fsdp::ShardedModel> sharded_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<Dataset> dataset_;
+  std::optional<MetricsFile> metrics_;
+  models::ModelFlops flops_;
+  DType compute_dtype_ = DType::F32;
+  double device_peak_ = 0;  // FLOP/s of one device; 0 when unknown
+  std::optional<RunProfile> run_profile_;
+
+  models::LossKind loss_kind_ = models::LossKind::CrossEntropy;
+  // The toy model has samples, not tokens: its throughput is reported in samples/s.
+  bool has_tokens_ = true;
+  double tokens_per_sample_ = 1.0;
+  // Batch buffers are sized once; the step fills them in place.
+  // On a GPU the host buffers are copied into device twins before each step.
+  std::vector<Tensor> inputs_, targets_, device_inputs_, device_targets_;
+
+  TrainResult result_;
+  int64_t consumed_ = 0;  // samples consumed (the sampler's position)
+  int64_t first_step_ = 0;
+  std::optional<StopSignals> stop_signals_;
+  std::optional<Checkpointer> checkpointer_;
+  int64_t last_step_ = 0;
+  bool terminated_ = false;  // a stop signal ended the run before last_step_ was reached
+  int stop_signal_ = 0;      // agreed over the ranks
+  int64_t last_saved_ = 0;   // the step of the newest checkpoint this run wrote or resumed from
+  Clock::time_point run_start_;
+  double timed_seconds_ = 0;  // summed over the steps after this process's first (which includes warm-up)
+};
+
+TrainResult Trainer::run() {
+  setup();
+  run_start_ = Clock::now();
+  for (int64_t done = first_step_; done < last_step_; ++done) {
+    const auto step_start = Clock::now();
+    allocator_->reset_peak();
+    run_profile_->begin(done + 1);
+    const std::optional<StepStats> stats = step(done);
+    if (!stats) {
+      save_after_stop(done);
+      break;
+    }
+    const bool logged = report(done, *stats, step_start);
+    save(done);
+    run_profile_->end(logged);
+  }
+  return finish();
+}
+
+void Trainer::setup() {
+  setup_devices();
+  setup_model();
+  setup_data();
+  log_model();
+  log_run();
+  run_profile_.emplace(config_, world_, device_, compute_dtype_,
+                       flops_.flops_per_token * static_cast<double>(tc_.seq_len) *
+                           static_cast<double>(tc_.global_batch_size) / world_.size(),
+                       log_);
+  setup_batches();
+  setup_checkpoints();
+}
+
+// Checks the batch and checkpoint settings, takes checkpoint.dir, then picks
+// this rank's device, its CPU threads and the group the model talks over.
+void Trainer::setup_devices() {
+  accum_ = accumulation_steps(tc_, world_.size());
+  check_checkpoint_config(config_, options_.resume, options_.overwrite, log_);
+  resume_ = effective_resume(config_, options_.resume, options_.overwrite);
+  // Held for the whole run: a second job on the same checkpoint.dir fails here.
+  if (std::optional<checkpoint::DirectoryLock> lock =
+          prepare_checkpoint_dir(config_, world_, resume_, options_.overwrite, log_)) {
+    dir_lock_.emplace(std::move(*lock));
+  }
+  device_ = resolve_device(tc_.device, options_.local_rank);
+  if (device_.is_cuda()) cuda::set_device(device_.index);
+  threads_ = tc_.threads > 0 ? static_cast<int>(tc_.threads) : cpu::auto_cpu_threads(local_size_);
+  cpu::set_cpu_threads(threads_);
+  gpu_group_ = device_group(world_, tc_.device, device_, local_size_);
+  fsdp_group_ = gpu_group_ ? gpu_group_.get() : &world_;
+  allocator_ = &allocator_for(device_);
+}
+
+void Trainer::setup_model() {
+  model_ = models::build_model(config_.model);
+  n_params_ = model_->num_parameters();
+  // Recomputation first, then sharding: the order PyTorch applies them in.
+  recomputed_ = fsdp::apply_activation_checkpointing(*model_, config_.fsdp.activation_checkpointing);
+  sharded_.emplace(*model_, config_.fsdp, *fsdp_group_, local_size_, tc_.seed, log_, device_);
+
+  optimizer_ = optim::make_optimizer(config_.optim);
+  for (const optim::Segment& segment : sharded_->segments()) optimizer_->add_segment(segment);
+}
+
+void Trainer::setup_data() {
+  // Every rank opens the data and checks its share of the tokens before step 1;
+  // a bad file stops every rank with one message.
+  double scan_seconds = 0;
+  run_on_every_rank(world_, [&] {
+    dataset_ = make_dataset(config_);
+    const auto t0 = Clock::now();
+    const std::string bad = dataset_->find_bad_token(world_.rank(), world_.size());
+    scan_seconds = seconds_since(t0);
+    ST_CHECK(bad.empty(), "{}", bad);
+  });
+  log_.debug("data: this rank's share of the tokens checked against model.vocab_size in {:.3f} s", scan_seconds);
+  metrics_.emplace(world_.rank() == 0 ? config_.logging.metrics_file : std::string());
+}
+
+void Trainer::log_model() {
+  const double n = static_cast<double>(n_params_);
+  log_.info0("model {}: {} parameters{}", config_.model.name, n_params_,
+             n >= 1e6 ? format(" ({:.2f} M)", n / 1e6) : (n >= 1e3 ? format(" ({:.1f} k)", n / 1e3) : std::string()));
+  const bool counts_tokens = model_->loss_kind() == models::LossKind::CrossEntropy;
+  flops_ = models::model_flops(config_.model, tc_.seq_len);
+  compute_dtype_ = config_.fsdp.mixed_precision.param_dtype;
+  device_peak_ = device_.is_cuda() ? peak_flops(cuda::device_name(device_.index), compute_dtype_) : 0.0;
+  log_.info0("model FLOPs: {:.4g} per {} for training{} ({} matmul parameters); device peak {}", flops_.flops_per_token,
+             counts_tokens ? "token" : "sample", counts_tokens ? format(" at seq_len {}", tc_.seq_len) : std::string(),
+             flops_.matmul_params,
+             device_peak_ > 0 ? format("{:.0f} TFLOP/s {}", device_peak_ / 1e12, dtype_name(compute_dtype_))
+                              : std::string(device_.is_cuda() ? "unknown for this GPU, so MFU n/a" : "n/a on the CPU"));
+}
+
+void Trainer::log_run() const {
+  log_.info0("data: {}", dataset_->describe());
+  log_.info0("device: {}{}, collectives over {}", device_.str(),
+             device_.is_cuda() ? " (" + cuda::device_name(device_.index) + ")" : std::string(),
+             fsdp_group_->backend_name());
+  log_.info0("CPU: {} thread(s) per rank ({}; {} of {} cores in this rank's affinity mask), GEMMs by {}", threads_,
+             tc_.threads > 0 ? "train.threads" : "train.threads: 0, automatic", cpu::affinity_cores(),
+             cpu::host_cores(), cpu::gemm_backend());
+  log_.info0("{} rank(s), {} (shard groups of {}), param_dtype {}, reduce_dtype {}, recomputed layers {}",
+             world_.size(), to_string(config_.fsdp.sharding_strategy), sharded_->shard_group_size(),
+             precision_name(config_.fsdp.mixed_precision.param_dtype),
+             precision_name(config_.fsdp.mixed_precision.reduce_dtype), recomputed_);
+  log_.info0("global batch {} = {} rank(s) x {} micro-batch(es) x {} sample(s)", tc_.global_batch_size, world_.size(),
+             accum_, tc_.micro_batch_size);
+  log_config(config_, log_);
+  sharded_->log_memory_table(optimizer_->state_bytes());
+}
+
+// Not collective: sizes the micro-batch buffers once.
+void Trainer::setup_batches() {
+  loss_kind_ = model_->loss_kind();
+  const Shape in_shape = batch_shape(tc_.micro_batch_size, model_->sample_input_shape(tc_.seq_len));
+  const Shape tgt_shape = batch_shape(tc_.micro_batch_size, model_->sample_target_shape(tc_.seq_len));
+  const DType in_dtype = loss_kind_ == models::LossKind::CrossEntropy ? DType::I32 : DType::F32;
+  has_tokens_ = loss_kind_ == models::LossKind::CrossEntropy;
+  tokens_per_sample_ = has_tokens_ ? static_cast<double>(tc_.seq_len) : 1.0;
+  for (int64_t m = 0; m < accum_; ++m) {
+    inputs_.push_back(Tensor::empty(in_shape, in_dtype));
+    targets_.push_back(Tensor::empty(tgt_shape, in_dtype));
+    device_inputs_.push_back(device_.is_cpu() ? inputs_.back() : Tensor::empty(in_shape, in_dtype, device_));
+    device_targets_.push_back(device_.is_cpu() ? targets_.back() : Tensor::empty(tgt_shape, in_dtype, device_));
+  }
+}
+
+// Installs the stop handlers, resumes (or starts from init_from / step 0) and
+// fixes the last step of this run.
+void Trainer::setup_checkpoints() {
+  result_.num_parameters = n_params_;
+  stop_signals_.emplace();
+  checkpointer_.emplace(config_, *sharded_, *optimizer_, world_, log_, n_params_);
+  if (std::optional<ResumePoint> point = checkpointer_->load(resume_)) {
+    first_step_ = point->step;
+    consumed_ = point->consumed;
+  }
+  if (options_.stop_after > 0 && options_.stop_after <= first_step_) {
+    throw AgreedError(
+        format("--stop-after {} is not after step {}, where this run resumes", options_.stop_after, first_step_),
+        __FILE__, __LINE__);
+  }
+  last_step_ = options_.stop_after > 0 ? std::min(options_.stop_after, tc_.steps) : tc_.steps;
+  last_saved_ = first_step_;
+}
+
+std::optional<StepStats> Trainer::step(int64_t done) {
+  const int64_t count = load_batches();
+  sharded_->zero_grad();
+  const std::optional<double> local_loss_sum = forward_backward(1.0f / static_cast<float>(count));
+  if (!local_loss_sum) {
+    // Every rank issued the same reduce-scatters before the boundary: drain
+    // them. Nothing else changed (no optimizer step, no samples consumed), so
+    // the state is exactly that after `done` steps and a resumed run redoes
+    // this one in full.
+    sharded_->finish_grad_sync();
+    log_.info0("stopping in step {} at a micro-batch boundary; its partial work is dropped", done + 1);
+    return std::nullopt;
+  }
+  StepStats stats = sync_gradients(done, count, *local_loss_sum);
+  const double clip = optim::clip_coefficient(stats.grad_norm, config_.optim.grad_clip);
+  stats.lr = optim::learning_rate(config_.optim, done, tc_.steps);
+  {
+    const profile::PhaseScope optimizer_phase(profile::Phase::Optimizer);
+    if (clip < 1.0) {
+      for (const optim::Segment& segment : sharded_->segments()) optim::scale_grad(segment, clip);
+    }
+    optimizer_->step(stats.lr);
+  }
+  consumed_ += tc_.global_batch_size;
+  return stats;
+}
+
+// Fills the micro-batch buffers with this rank's share of the next global
+// batch; returns the global batch's loss element count.
+int64_t Trainer::load_batches() {
+  const profile::PhaseScope data_phase(profile::Phase::Data);
+  std::vector<int64_t> mine =
+      rank_batch_indices(tc_.seed, dataset_->size(), consumed_, tc_.global_batch_size, world_.rank(), world_.size());
+  for (int64_t m = 0; m < accum_; ++m) {
+    const auto i = static_cast<size_t>(m);
+    std::span<const int64_t> idx(mine.data() + m * tc_.micro_batch_size, static_cast<size_t>(tc_.micro_batch_size));
+    load_batch(*dataset_, idx, inputs_[i], targets_[i]);
+    if (device_.is_cuda()) {
+      device_inputs_[i].copy_from(inputs_[i]);
+      device_targets_[i].copy_from(targets_[i]);
+    }
+  }
+  return global_loss_count(loss_kind_, targets_, world_);
+}
+
+// Forward and backward of each micro-batch, gradients scaled by
+// `grad_scale`; returns the sum of this rank's losses, or nullopt when the
+// ranks agreed to stop between micro-batches.
+std::optional<double> Trainer::forward_backward(float grad_scale) {
+  double local_loss_sum = 0;
+  for (int64_t m = 0; m < accum_; ++m) {
+    // A stop request is honoured between micro-batches, not only at the
+    // step's end, so a long step cannot outlast the launcher's grace period.
+    if (m > 0 && (stop_signal_ = stop_agreed(world_)) != 0) return std::nullopt;
+    const Tensor& x = device_inputs_[static_cast<size_t>(m)];
+    const Tensor& y = device_targets_[static_cast<size_t>(m)];
+    Tensor out = sharded_->forward(x);
+    std::optional<profile::PhaseScope> loss_phase(std::in_place, profile::Phase::Forward);
+    // Both losses write their gradient over the output, which backward no
+    // longer needs (layers keep their inputs), so nothing is allocated here.
+    const ops::LossSum loss = loss_kind_ == models::LossKind::CrossEntropy
+                                  ? ops::cross_entropy(out.view({-1, out.size(-1)}), y.view({-1}), kIgnoreIndex,
+                                                       grad_scale, out.view({-1, out.size(-1)}))
+                                  : ops::mse(out, y, grad_scale, out);
+    loss_phase.reset();
+    sharded_->backward(out);
+    local_loss_sum += loss.sum;
+    if (Watchdog* w = world_.watchdog()) w->progress();
+  }
+  return local_loss_sum;
+}
+
+// Finishes the gradient reductions and reduces the loss; the mean loss and
+// the gradient norm, both finite (else every rank throws the same error).
+StepStats Trainer::sync_gradients(int64_t done, int64_t count, double local_loss_sum) {
+  // Each rank's gradient is already scaled by 1/count, so the SUM
+  // reductions inside the sharded model give the global-batch mean.
+  StepStats stats;
+  {
+    const profile::PhaseScope sync_phase(profile::Phase::GradSync);
+    Tensor loss_sum = Tensor::full({1}, local_loss_sum, DType::F32);
+    Work loss_work = world_.all_reduce(loss_sum);
+    sharded_->finish_grad_sync();
+    loss_work.wait();
+    stats.loss = loss_sum.data<float>()[0] / static_cast<double>(count);
+    stats.grad_norm = std::sqrt(sharded_->grad_norm_squared());
+  }
+  // Every rank sees the same loss and norm (both reduced over the world), so all stop together.
+  if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm)) {
+    throw AgreedError(
+        format(
+            "step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, so no "
+            "non-finite state is saved{}; lower optim.lr or check the data",
+            done + 1, stats.loss, stats.grad_norm,
+            config_.checkpoint.dir.empty() ? std::string() : " (the last checkpoint in checkpoint.dir stays latest)"),
+        __FILE__, __LINE__);
+  }
+  return stats;
+}
+
+bool Trainer::report(int64_t done, const StepStats& stats, Clock::time_point step_start) {
+  // The step's GPU work (the optimizer's last kernels) is done before it is timed.
+  if (device_.is_cuda()) cuda::synchronize(device_.index);
+  const double step_seconds = seconds_since(step_start);
+  if (done > first_step_) timed_seconds_ += step_seconds;  // the first step includes warm-up
+  result_.losses.push_back(stats.loss);
+  const double elapsed = seconds_since(run_start_);
+  StepMetrics sm;
+  sm.step = done + 1;
+  sm.total_steps = tc_.steps;
+  sm.loss = stats.loss;
+  sm.lr = stats.lr;
+  sm.grad_norm = stats.grad_norm;
+  sm.samples_per_s = static_cast<double>(tc_.global_batch_size) / step_seconds;
+  sm.tokens_per_s = has_tokens_ ? static_cast<double>(tc_.seq_len) * sm.samples_per_s : -1.0;
+  sm.elapsed_s = elapsed;
+  sm.eta_s = elapsed / static_cast<double>(done + 1 - first_step_) * static_cast<double>(tc_.steps - done - 1);
+  sm.peak_bytes = allocator_->stats().peak_bytes;
+  // MFU per device: this rank's share of the tokens against one device's peak.
+  if (device_peak_ > 0) sm.mfu = mfu(sm.tokens_per_s / world_.size(), flops_.flops_per_token, device_peak_);
+  result_.peak_bytes = std::max(result_.peak_bytes, sm.peak_bytes);
+  const bool log_step = (done + 1) % config_.logging.interval == 0 || done + 1 == last_step_;
+  if (log_step) {
+    log_.info0("{}", format_step_line(sm));
+    metrics_->append(sm);
+  }
+  return log_step;
+}
+
+TrainResult Trainer::finish() {
+  checkpointer_->wait();
+  run_profile_->summary();
+  if (last_step_ < tc_.steps) {
+    log_.info0("stopped after step {} of {} ({}){}", last_step_, tc_.steps,
+               terminated_ ? signal_name(stop_signal_) : std::string_view("--stop-after"),
+               config_.checkpoint.dir.empty() ? "; no checkpoint.dir, so nothing was saved" : "");
+  }
+  // The first step of this process includes warm-up, so it is not timed.
+  const int64_t timed_steps = last_step_ - first_step_ - 1;
+  if (timed_steps > 0) {
+    result_.tokens_per_s = tokens_per_sample_ * static_cast<double>(tc_.global_batch_size) *
+                           static_cast<double>(timed_steps) / timed_seconds_;
+    if (device_peak_ > 0) result_.mfu = mfu(result_.tokens_per_s / world_.size(), flops_.flops_per_token, device_peak_);
+  }
+  // The first step is not timed, so a one-step run has no throughput to report.
+  const std::string rate = timed_steps <= 0 ? std::string("throughput n/a (one step, which includes warm-up)")
+                           : has_tokens_    ? format("{:.0f} tokens/s", result_.tokens_per_s)
+                                            : format("{:.0f} samples/s", result_.tokens_per_s);
+  log_.summary0("done: steps {}..{}, final loss {:.4f}, {}{}, peak {} on {}", first_step_ + 1, last_step_,
+                result_.losses.back(), rate,
+                result_.mfu >= 0 ? format(" (MFU {:.1f}%)", 100.0 * result_.mfu) : std::string(),
+                human_bytes(result_.peak_bytes), device_.str());
+  return result_;
+}
+
+void Trainer::save(int64_t done) {
+  // Every rank agrees whether any was sent SIGTERM; a stop saves like the end of the run.
+  if ((stop_signal_ = checkpointer_->end_of_step(g_stop_signal.load())) != 0 && done + 1 < last_step_) {
+    terminated_ = true;
+    last_step_ = done + 1;
+  }
+  const int64_t interval = config_.checkpoint.interval;
+  const bool save_now = (interval > 0 && (done + 1) % interval == 0) || done + 1 == last_step_;
+  if (!config_.checkpoint.dir.empty() && save_now) {
+    const profile::PhaseScope checkpoint_phase(profile::Phase::Checkpoint);
+    checkpointer_->save(done + 1, consumed_);
+    last_saved_ = done + 1;
+  }
+}
+
+// Saves the state after `done` steps unless it is already saved or is
+// where this run began.
+void Trainer::save_after_stop(int64_t done) {
+  terminated_ = true;
+  last_step_ = done;
+  if (!config_.checkpoint.dir.empty() && last_saved_ < done && done > first_step_) {
+    checkpointer_->save(done, consumed_);
+  }
+}
+
 }  // namespace
 
 Device resolve_device(DeviceKind kind, int local_rank) {
@@ -207,267 +635,8 @@ int64_t accumulation_steps(const TrainConfig& train, int world_size) {
 }
 
 TrainResult train(const Config& config, ProcessGroup& world, Logger& log, int local_size, const TrainOptions& options) {
-  const TrainConfig& tc = config.train;
-  const int64_t accum = accumulation_steps(tc, world.size());
-  check_checkpoint_config(config, options.resume, options.overwrite, log);
-  const std::string resume = effective_resume(config, options.resume, options.overwrite);
-  // Held for the whole run: a second job on the same checkpoint.dir fails here.
-  const std::optional<checkpoint::DirectoryLock> dir_lock =
-      prepare_checkpoint_dir(config, world, resume, options.overwrite, log);
-  const Device device = resolve_device(tc.device, options.local_rank);
-  if (device.is_cuda()) cuda::set_device(device.index);
-  const int threads = tc.threads > 0 ? static_cast<int>(tc.threads) : cpu::auto_cpu_threads(local_size);
-  cpu::set_cpu_threads(threads);
-  std::unique_ptr<ProcessGroup> gpu_group = device_group(world, tc.device, device, local_size);
-  ProcessGroup& fsdp_group = gpu_group ? *gpu_group : world;
-  Allocator& allocator = allocator_for(device);
-
-  std::unique_ptr<models::Model> model = models::build_model(config.model);
-  const int64_t n_params = model->num_parameters();
-  // Recomputation first, then sharding: the order PyTorch applies them in.
-  const int recomputed = fsdp::apply_activation_checkpointing(*model, config.fsdp.activation_checkpointing);
-  fsdp::ShardedModel sharded(*model, config.fsdp, fsdp_group, local_size, tc.seed, log, device);
-
-  std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(config.optim);
-  for (const optim::Segment& segment : sharded.segments()) optimizer->add_segment(segment);
-
-  // Every rank opens the data and checks its share of the tokens before step 1;
-  // a bad file stops every rank with one message.
-  std::unique_ptr<Dataset> dataset;
-  double scan_seconds = 0;
-  run_on_every_rank(world, [&] {
-    dataset = make_dataset(config);
-    const auto t0 = Clock::now();
-    const std::string bad = dataset->find_bad_token(world.rank(), world.size());
-    scan_seconds = seconds_since(t0);
-    ST_CHECK(bad.empty(), "{}", bad);
-  });
-  log.debug("data: this rank's share of the tokens checked against model.vocab_size in {:.3f} s", scan_seconds);
-  MetricsFile metrics(world.rank() == 0 ? config.logging.metrics_file : std::string());
-
-  const double n = static_cast<double>(n_params);
-  log.info0("model {}: {} parameters{}", config.model.name, n_params,
-            n >= 1e6 ? format(" ({:.2f} M)", n / 1e6) : (n >= 1e3 ? format(" ({:.1f} k)", n / 1e3) : std::string()));
-  const bool counts_tokens = model->loss_kind() == models::LossKind::CrossEntropy;
-  const models::ModelFlops flops = models::model_flops(config.model, tc.seq_len);
-  const DType compute_dtype = config.fsdp.mixed_precision.param_dtype;
-  const double device_peak = device.is_cuda() ? peak_flops(cuda::device_name(device.index), compute_dtype) : 0.0;
-  log.info0("model FLOPs: {:.4g} per {} for training{} ({} matmul parameters); device peak {}", flops.flops_per_token,
-            counts_tokens ? "token" : "sample", counts_tokens ? format(" at seq_len {}", tc.seq_len) : std::string(),
-            flops.matmul_params,
-            device_peak > 0 ? format("{:.0f} TFLOP/s {}", device_peak / 1e12, dtype_name(compute_dtype))
-                            : std::string(device.is_cuda() ? "unknown for this GPU, so MFU n/a" : "n/a on the CPU"));
-  log.info0("data: {}", dataset->describe());
-  log.info0("device: {}{}, collectives over {}", device.str(),
-            device.is_cuda() ? " (" + cuda::device_name(device.index) + ")" : std::string(), fsdp_group.backend_name());
-  log.info0("CPU: {} thread(s) per rank ({}; {} of {} cores in this rank's affinity mask), GEMMs by {}", threads,
-            tc.threads > 0 ? "train.threads" : "train.threads: 0, automatic", cpu::affinity_cores(), cpu::host_cores(),
-            cpu::gemm_backend());
-  log.info0("{} rank(s), {} (shard groups of {}), param_dtype {}, reduce_dtype {}, recomputed layers {}", world.size(),
-            to_string(config.fsdp.sharding_strategy), sharded.shard_group_size(),
-            precision_name(config.fsdp.mixed_precision.param_dtype),
-            precision_name(config.fsdp.mixed_precision.reduce_dtype), recomputed);
-  log.info0("global batch {} = {} rank(s) x {} micro-batch(es) x {} sample(s)", tc.global_batch_size, world.size(),
-            accum, tc.micro_batch_size);
-  log_config(config, log);
-  sharded.log_memory_table(optimizer->state_bytes());
-  RunProfile run_profile(config, world, device, compute_dtype,
-                         flops.flops_per_token * static_cast<double>(tc.seq_len) *
-                             static_cast<double>(tc.global_batch_size) / world.size(),
-                         log);
-
-  const models::LossKind loss_kind = model->loss_kind();
-  const Shape in_shape = batch_shape(tc.micro_batch_size, model->sample_input_shape(tc.seq_len));
-  const Shape tgt_shape = batch_shape(tc.micro_batch_size, model->sample_target_shape(tc.seq_len));
-  const DType in_dtype = loss_kind == models::LossKind::CrossEntropy ? DType::I32 : DType::F32;
-  // The toy model has samples, not tokens: its throughput is reported in samples/s.
-  const bool has_tokens = loss_kind == models::LossKind::CrossEntropy;
-  const double tokens_per_sample = has_tokens ? static_cast<double>(tc.seq_len) : 1.0;
-
-  // Batch buffers are sized once; the step fills them in place.
-  // On a GPU the host buffers are copied into device twins before each step.
-  std::vector<Tensor> inputs, targets, device_inputs, device_targets;
-  for (int64_t m = 0; m < accum; ++m) {
-    inputs.push_back(Tensor::empty(in_shape, in_dtype));
-    targets.push_back(Tensor::empty(tgt_shape, in_dtype));
-    device_inputs.push_back(device.is_cpu() ? inputs.back() : Tensor::empty(in_shape, in_dtype, device));
-    device_targets.push_back(device.is_cpu() ? targets.back() : Tensor::empty(tgt_shape, in_dtype, device));
-  }
-
-  TrainResult result;
-  result.num_parameters = n_params;
-  int64_t consumed = 0;
-  int64_t first_step = 0;
-  StopSignals stop_signals;
-  Checkpointer checkpointer(config, sharded, *optimizer, world, log, n_params);
-  if (std::optional<ResumePoint> point = checkpointer.load(resume)) {
-    first_step = point->step;
-    consumed = point->consumed;
-  }
-  if (options.stop_after > 0 && options.stop_after <= first_step) {
-    throw AgreedError(
-        format("--stop-after {} is not after step {}, where this run resumes", options.stop_after, first_step),
-        __FILE__, __LINE__);
-  }
-  int64_t last_step = options.stop_after > 0 ? std::min(options.stop_after, tc.steps) : tc.steps;
-  bool terminated = false;
-  int stop_signal = 0;              // agreed over the ranks
-  int64_t last_saved = first_step;  // the step of the newest checkpoint this run wrote or resumed from
-  const auto run_start = Clock::now();
-  double timed_seconds = 0;
-  for (int64_t step = first_step; step < last_step; ++step) {
-    const auto step_start = Clock::now();
-    allocator.reset_peak();
-    run_profile.begin(step + 1);
-
-    std::optional<profile::PhaseScope> data_phase(std::in_place, profile::Phase::Data);
-    std::vector<int64_t> mine =
-        rank_batch_indices(tc.seed, dataset->size(), consumed, tc.global_batch_size, world.rank(), world.size());
-    for (int64_t m = 0; m < accum; ++m) {
-      std::span<const int64_t> idx(mine.data() + m * tc.micro_batch_size, static_cast<size_t>(tc.micro_batch_size));
-      load_batch(*dataset, idx, inputs[static_cast<size_t>(m)], targets[static_cast<size_t>(m)]);
-      if (device.is_cuda()) {
-        device_inputs[static_cast<size_t>(m)].copy_from(inputs[static_cast<size_t>(m)]);
-        device_targets[static_cast<size_t>(m)].copy_from(targets[static_cast<size_t>(m)]);
-      }
-    }
-    const int64_t count = global_loss_count(loss_kind, targets, world);
-    const float grad_scale = 1.0f / static_cast<float>(count);
-    data_phase.reset();
-
-    sharded.zero_grad();
-    double local_loss_sum = 0;
-    bool abandoned = false;
-    for (int64_t m = 0; m < accum; ++m) {
-      // A stop request is honoured between micro-batches, not only at the
-      // step's end, so a long step cannot outlast the launcher's grace period.
-      if (m > 0) {
-        if ((stop_signal = stop_agreed(world)) != 0) {
-          abandoned = true;
-          break;
-        }
-      }
-      const Tensor& x = device_inputs[static_cast<size_t>(m)];
-      const Tensor& y = device_targets[static_cast<size_t>(m)];
-      Tensor out = sharded.forward(x);
-      std::optional<profile::PhaseScope> loss_phase(std::in_place, profile::Phase::Forward);
-      // Both losses write their gradient over the output, which backward no
-      // longer needs (layers keep their inputs), so nothing is allocated here.
-      const ops::LossSum loss = loss_kind == models::LossKind::CrossEntropy
-                                    ? ops::cross_entropy(out.view({-1, out.size(-1)}), y.view({-1}), kIgnoreIndex,
-                                                         grad_scale, out.view({-1, out.size(-1)}))
-                                    : ops::mse(out, y, grad_scale, out);
-      loss_phase.reset();
-      sharded.backward(out);
-      local_loss_sum += loss.sum;
-      if (Watchdog* w = world.watchdog()) w->progress();
-    }
-    if (abandoned) {
-      // Every rank issued the same reduce-scatters before the boundary: drain
-      // them. Nothing else changed (no optimizer step, no samples consumed), so
-      // the state is exactly that after `step` steps and a resumed run redoes
-      // this one in full.
-      sharded.finish_grad_sync();
-      log.info0("stopping in step {} at a micro-batch boundary; its partial work is dropped", step + 1);
-      terminated = true;
-      last_step = step;
-      if (!config.checkpoint.dir.empty() && last_saved < step && step > first_step) checkpointer.save(step, consumed);
-      break;
-    }
-
-    // Each rank's gradient is already scaled by 1/count, so the SUM
-    // reductions inside the sharded model give the global-batch mean.
-    std::optional<profile::PhaseScope> sync_phase(std::in_place, profile::Phase::GradSync);
-    Tensor loss_sum = Tensor::full({1}, local_loss_sum, DType::F32);
-    Work loss_work = world.all_reduce(loss_sum);
-    sharded.finish_grad_sync();
-    loss_work.wait();
-    const double loss = loss_sum.data<float>()[0] / static_cast<double>(count);
-    const double grad_norm = std::sqrt(sharded.grad_norm_squared());
-    sync_phase.reset();
-    // Every rank sees the same loss and norm (both reduced over the world), so all stop together.
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      throw AgreedError(
-          format(
-              "step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, so no "
-              "non-finite state is saved{}; lower optim.lr or check the data",
-              step + 1, loss, grad_norm,
-              config.checkpoint.dir.empty() ? std::string() : " (the last checkpoint in checkpoint.dir stays latest)"),
-          __FILE__, __LINE__);
-    }
-    const double clip = optim::clip_coefficient(grad_norm, config.optim.grad_clip);
-    const double lr = optim::learning_rate(config.optim, step, tc.steps);
-    {
-      const profile::PhaseScope optimizer_phase(profile::Phase::Optimizer);
-      if (clip < 1.0) {
-        for (const optim::Segment& segment : sharded.segments()) optim::scale_grad(segment, clip);
-      }
-      optimizer->step(lr);
-    }
-    consumed += tc.global_batch_size;
-
-    // The step's GPU work (the optimizer's last kernels) is done before it is timed.
-    if (device.is_cuda()) cuda::synchronize(device.index);
-    const double step_seconds = seconds_since(step_start);
-    if (step > first_step) timed_seconds += step_seconds;  // the first step includes warm-up
-    result.losses.push_back(loss);
-    const double elapsed = seconds_since(run_start);
-    StepMetrics sm;
-    sm.step = step + 1;
-    sm.total_steps = tc.steps;
-    sm.loss = loss;
-    sm.lr = lr;
-    sm.grad_norm = grad_norm;
-    sm.samples_per_s = static_cast<double>(tc.global_batch_size) / step_seconds;
-    sm.tokens_per_s = has_tokens ? static_cast<double>(tc.seq_len) * sm.samples_per_s : -1.0;
-    sm.elapsed_s = elapsed;
-    sm.eta_s = elapsed / static_cast<double>(step + 1 - first_step) * static_cast<double>(tc.steps - step - 1);
-    sm.peak_bytes = allocator.stats().peak_bytes;
-    // MFU per device: this rank's share of the tokens against one device's peak.
-    if (device_peak > 0) sm.mfu = mfu(sm.tokens_per_s / world.size(), flops.flops_per_token, device_peak);
-    result.peak_bytes = std::max(result.peak_bytes, sm.peak_bytes);
-    const bool log_step = (step + 1) % config.logging.interval == 0 || step + 1 == last_step;
-    if (log_step) {
-      log.info0("{}", format_step_line(sm));
-      metrics.append(sm);
-    }
-    // Every rank agrees whether any was sent SIGTERM; a stop saves like the end of the run.
-    if ((stop_signal = checkpointer.end_of_step(g_stop_signal.load())) != 0 && step + 1 < last_step) {
-      terminated = true;
-      last_step = step + 1;
-    }
-    const int64_t interval = config.checkpoint.interval;
-    const bool save_now = (interval > 0 && (step + 1) % interval == 0) || step + 1 == last_step;
-    if (!config.checkpoint.dir.empty() && save_now) {
-      const profile::PhaseScope checkpoint_phase(profile::Phase::Checkpoint);
-      checkpointer.save(step + 1, consumed);
-      last_saved = step + 1;
-    }
-    run_profile.end(log_step);
-  }
-  checkpointer.wait();
-  run_profile.summary();
-  if (last_step < tc.steps) {
-    log.info0("stopped after step {} of {} ({}){}", last_step, tc.steps,
-              terminated ? signal_name(stop_signal) : std::string_view("--stop-after"),
-              config.checkpoint.dir.empty() ? "; no checkpoint.dir, so nothing was saved" : "");
-  }
-  // The first step of this process includes warm-up, so it is not timed.
-  const int64_t timed_steps = last_step - first_step - 1;
-  if (timed_steps > 0) {
-    result.tokens_per_s = tokens_per_sample * static_cast<double>(tc.global_batch_size) *
-                          static_cast<double>(timed_steps) / timed_seconds;
-    if (device_peak > 0) result.mfu = mfu(result.tokens_per_s / world.size(), flops.flops_per_token, device_peak);
-  }
-  // The first step is not timed, so a one-step run has no throughput to report.
-  const std::string rate = timed_steps <= 0 ? std::string("throughput n/a (one step, which includes warm-up)")
-                           : has_tokens     ? format("{:.0f} tokens/s", result.tokens_per_s)
-                                            : format("{:.0f} samples/s", result.tokens_per_s);
-  log.summary0("done: steps {}..{}, final loss {:.4f}, {}{}, peak {} on {}", first_step + 1, last_step,
-               result.losses.back(), rate,
-               result.mfu >= 0 ? format(" (MFU {:.1f}%)", 100.0 * result.mfu) : std::string(),
-               human_bytes(result.peak_bytes), device.str());
-  return result;
+  Trainer trainer(config, world, log, local_size, options);
+  return trainer.run();
 }
 
 }  // namespace st::launch
