@@ -157,6 +157,9 @@ void visit_schema(C& c, V&& v) {
     f.activation_checkpointing.mode);
   v(Key("fsdp.activation_checkpointing.n", "every_n: recompute every n-th decoder layer"),
     f.activation_checkpointing.n);
+  v(Key("fsdp.activation_checkpointing.module_types",
+        "module type names that are recomputed (full: all of them; every_n: every n-th)"),
+    f.activation_checkpointing.module_types);
   v(Key("fsdp.forward_prefetch", "gather unit k+1 before unit k computes"), f.forward_prefetch);
   v(Key("fsdp.limit_all_gathers", "at most two gathered units in flight"), f.limit_all_gathers);
 

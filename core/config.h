@@ -122,6 +122,8 @@ struct MixedPrecisionConfig {
 struct RecomputeConfig {
   RecomputeMode mode = RecomputeMode::None;  // none | full (every decoder layer) | every_n
   int64_t n = 2;                             // every_n: recompute every n-th decoder layer
+  // module type names that are recomputed (full: all of them; every_n: every n-th)
+  std::vector<std::string> module_types = {"DecoderLayer"};
 
   bool operator==(const RecomputeConfig&) const = default;
 };
