@@ -32,8 +32,12 @@ void visit_keys(FsdpConfig& f, const KeyVisitor& v) {
     Field(f.mixed_precision.param_dtype, precision_names()));
   v({"mixed_precision.reduce_dtype", "dtype gradients travel in"},
     Field(f.mixed_precision.reduce_dtype, precision_names()));
-  v({"activation_checkpointing.mode", "none | full (every decoder layer) | every_n"}, f.activation_checkpointing.mode);
-  v({"activation_checkpointing.n", "every_n: recompute every n-th decoder layer"}, f.activation_checkpointing.n);
+  v({"activation_checkpointing.mode", "none | full (every module of module_types) | every_n"},
+    f.activation_checkpointing.mode);
+  v({"activation_checkpointing.n", "every_n: recompute every n-th module of module_types"},
+    f.activation_checkpointing.n);
+  v({"activation_checkpointing.module_types", "module type names that are recomputed, in model order"},
+    f.activation_checkpointing.module_types);
   v({"forward_prefetch", "gather unit k+1 before unit k computes"}, f.forward_prefetch);
   v({"limit_all_gathers", "at most two gathered units in flight"}, f.limit_all_gathers);
 }
@@ -46,8 +50,11 @@ void FsdpConfig::validate() const {
   require(auto_wrap.policy != WrapPolicy::Transformer || !auto_wrap.module_types.empty(), "fsdp.auto_wrap.module_types",
           auto_wrap.module_types,
           "at least one module type name when fsdp.auto_wrap.policy is transformer, e.g. [DecoderLayer]");
-  require(activation_checkpointing.n >= 1, "fsdp.activation_checkpointing.n", activation_checkpointing.n,
-          "a positive integer");
+  const RecomputeConfig& r = activation_checkpointing;
+  require(r.n >= 1, "fsdp.activation_checkpointing.n", r.n, "a positive integer");
+  require(r.mode == RecomputeMode::None || !r.module_types.empty(), "fsdp.activation_checkpointing.module_types",
+          r.module_types,
+          "at least one module type name when fsdp.activation_checkpointing.mode is not none, e.g. [DecoderLayer]");
 }
 
 }  // namespace st

@@ -43,8 +43,9 @@ struct MixedPrecisionConfig {
 };
 
 struct RecomputeConfig {
-  RecomputeMode mode = RecomputeMode::None;  // none | full (every decoder layer) | every_n
-  int64_t n = 2;                             // every_n: recompute every n-th decoder layer
+  RecomputeMode mode = RecomputeMode::None;  // none | full (every module of module_types) | every_n
+  int64_t n = 2;                             // every_n: recompute every n-th module of module_types
+  std::vector<std::string> module_types = {"DecoderLayer"};  // module type names that are recomputed, in model order
 
   bool operator==(const RecomputeConfig&) const = default;
 };

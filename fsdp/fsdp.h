@@ -1,7 +1,7 @@
 #pragma once
 // Fully sharded data parallel, in the manner of PyTorch FSDP (FULL_SHARD,
-// SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD), mixed precision, recomputation and
-// auto-wrapping, built on Module hooks.
+// SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD), mixed precision and auto-wrapping,
+// built on Module hooks; activation recomputation is fsdp/recompute.h.
 //
 // One mechanism serves every strategy: ranks form shard groups of g ranks
 // (g = world for FULL_SHARD/SHARD_GRAD_OP, 1 for NO_SHARD, shard_group_size for
@@ -12,12 +12,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/comm.h"
-#include "fsdp/config.h"
 #include "core/log.h"
 #include "core/state.h"
+#include "fsdp/config.h"
+#include "fsdp/recompute.h"
 #include "models/module.h"
 #include "optim/optimizer.h"
 
@@ -50,10 +53,13 @@ struct UnitPlan {
 /// root unit.
 std::vector<UnitPlan> plan_units(models::Module& root, const AutoWrapConfig& config);
 
-/// Sets recomputation on decoder layers ("DecoderLayer") per the config:
-/// full = every layer, every_n = layers 0, n, 2n, ... in order of appearance
-/// (n >= 1); other modules are left as they are. Returns how many were set.
-int apply_activation_checkpointing(models::Module& root, const RecomputeConfig& config);
+/// The modules of `root`'s subtree (root included) whose type_name() is in
+/// `types`, as (FQN, module) in pre-order. A listed type that no module has
+/// is an error naming `key` (the config key that listed it) and the model's
+/// module types. Wrap policies and recomputation choose modules by it.
+std::vector<std::pair<std::string, models::Module*>> modules_of_types(models::Module& root,
+                                                                      const std::vector<std::string>& types,
+                                                                      std::string_view key);
 
 /// Per-rank memory of the sharded state, in bytes.
 struct MemoryReport {

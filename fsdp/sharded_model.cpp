@@ -347,7 +347,7 @@ struct ShardedModel::Impl {
     }
     ensure_gathered(u);
     FlatParam& unit = units[u];
-    if (unit.plan.module->recompute()) recompute_seconds += unit.forward_seconds;
+    if (is_recomputed(*unit.plan.module)) recompute_seconds += unit.forward_seconds;
     unit.full_grad = Tensor::zeros({unit.padded}, param_dtype, device);
     for (size_t i = 0; i < unit.plan.params.size(); ++i) {
       models::Parameter* p = unit.plan.params[i].second;

@@ -1,6 +1,5 @@
-// Wrap policies (which modules root a shard unit) and activation
-// recomputation. Both only read the module tree; nothing here allocates
-// parameter storage or touches names.
+// Wrap policies (which modules root a shard unit). They only read the module
+// tree; nothing here allocates parameter storage or touches names.
 //
 // One rule for shared parameters, whatever the policy: a module is *eligible*
 // to root a unit only if no module in its subtree owns or uses a parameter
@@ -63,23 +62,10 @@ int64_t numel_of(const Parameter& p) { return shape_numel(p.shape); }
 /// transformer: every eligible non-root module of a listed type.
 std::unordered_set<const Module*> transformer_roots(Module& root, const AutoWrapConfig& config,
                                                     const std::unordered_set<const Module*>& pinned) {
-  ST_CHECK(!config.module_types.empty(),
-           "fsdp.auto_wrap.module_types: policy transformer needs at least one module type (e.g. [DecoderLayer])");
-  const auto modules = root.named_modules();
-  std::set<std::string, std::less<>> present;
-  for (const auto& entry : modules) present.emplace(entry.second->type_name());
-  for (const std::string& wanted : config.module_types) {
-    if (present.count(wanted) > 0) continue;
-    std::string known;
-    for (const std::string& t : present) known += (known.empty() ? "" : ", ") + t;
-    ST_FAIL("fsdp.auto_wrap.module_types: no module of type '{}' in this model; its module types are: {}", wanted,
-            known);
-  }
-  const std::set<std::string, std::less<>> wanted(config.module_types.begin(), config.module_types.end());
   std::unordered_set<const Module*> roots;
-  for (const auto& entry : modules) {
+  for (const auto& entry : modules_of_types(root, config.module_types, "fsdp.auto_wrap.module_types")) {
     const Module* m = entry.second;
-    if (m != &root && pinned.count(m) == 0 && wanted.count(m->type_name()) > 0) roots.insert(m);
+    if (m != &root && pinned.count(m) == 0) roots.insert(m);
   }
   return roots;
 }
@@ -99,7 +85,6 @@ std::unordered_set<const Module*> transformer_roots(Module& root, const AutoWrap
 /// ModuleList runs its children in sequence, so it has a forward to hook.
 std::unordered_set<const Module*> size_based_roots(Module& root, const AutoWrapConfig& config,
                                                    const std::unordered_set<const Module*>& pinned) {
-  ST_CHECK(config.min_num_params >= 0, "fsdp.auto_wrap.min_num_params must be >= 0, got {}", config.min_num_params);
   std::unordered_set<const Module*> roots;
   // Returns the remaining (not yet wrapped) parameter elements of m's subtree.
   std::function<int64_t(const Module&)> visit = [&](const Module& m) -> int64_t {
@@ -117,6 +102,23 @@ std::unordered_set<const Module*> size_based_roots(Module& root, const AutoWrapC
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, models::Module*>> modules_of_types(models::Module& root,
+                                                                      const std::vector<std::string>& types,
+                                                                      std::string_view key) {
+  auto modules = root.named_modules();
+  std::set<std::string, std::less<>> present;
+  for (const auto& entry : modules) present.emplace(entry.second->type_name());
+  for (const std::string& wanted : types) {
+    if (present.count(wanted) > 0) continue;
+    std::string known;
+    for (const std::string& t : present) known += (known.empty() ? "" : ", ") + t;
+    ST_FAIL("{}: no module of type '{}' in this model; its module types are: {}", key, wanted, known);
+  }
+  const std::set<std::string, std::less<>> wanted(types.begin(), types.end());
+  std::erase_if(modules, [&](const auto& entry) { return wanted.count(entry.second->type_name()) == 0; });
+  return modules;
+}
 
 std::vector<UnitPlan> plan_units(models::Module& root, const AutoWrapConfig& config) {
   const auto pinned = pinned_modules(root);
@@ -161,24 +163,6 @@ std::vector<UnitPlan> plan_units(models::Module& root, const AutoWrapConfig& con
   // parent); its module simply runs inside its enclosing unit.
   std::erase_if(units, [](const UnitPlan& u) { return u.params.empty(); });
   return units;
-}
-
-int apply_activation_checkpointing(models::Module& root, const RecomputeConfig& config) {
-  if (config.mode == RecomputeMode::None) return 0;
-  ST_CHECK(config.mode != RecomputeMode::EveryN || config.n >= 1,
-           "fsdp.activation_checkpointing.n must be >= 1 for mode every_n, got {}", config.n);
-  int count = 0;
-  int64_t index = 0;  // decoder layers in order of appearance (pre-order)
-  for (const auto& entry : root.named_modules()) {
-    Module& m = *entry.second;
-    if (m.type_name() != "DecoderLayer") continue;
-    if (config.mode == RecomputeMode::Full || index % config.n == 0) {
-      m.set_recompute(true);
-      ++count;
-    }
-    ++index;
-  }
-  return count;
 }
 
 }  // namespace st::fsdp

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/hash.h"
+#include "models/toy.h"
 
 // Everything random here is a counter-based hash of (seed, domain tag,
 // counters), never a sequential generator: a sample or a position of the
@@ -29,6 +30,7 @@ namespace st::launch {
 namespace {
 
 namespace fs = std::filesystem;
+using models::Toy;
 
 // ---------------------------------------------------------------------------
 // Hashing.
@@ -106,15 +108,6 @@ std::string with_commas(int64_t v) {
     out += digits[i];
   }
   return v < 0 ? "-" + out : out;
-}
-
-std::string human_bytes(uint64_t n) {
-  if (n < 1000) return format("{} B", n);
-  constexpr std::array<const char*, 4> kUnits = {"KB", "MB", "GB", "TB"};
-  double v = static_cast<double>(n);
-  size_t unit = 0;
-  for (v /= 1000; v >= 1000 && unit + 1 < kUnits.size(); v /= 1000) ++unit;
-  return format("{:.1f} {}", v, kUnits[unit]);
 }
 
 // ---------------------------------------------------------------------------
@@ -263,8 +256,8 @@ class TextDataset final : public Dataset {
   }
 
   std::string describe() const override {
-    return format("text {}: {}, {} samples of {} tokens (bytes, vocab 256)", path_, human_bytes(file_.size()),
-                  with_commas(size()), seq_len_);
+    return format("text {}: {}, {} samples of {} tokens (bytes, vocab 256)", path_,
+                  human_bytes(static_cast<int64_t>(file_.size())), with_commas(size()), seq_len_);
   }
 
  private:
@@ -478,8 +471,8 @@ class TokensDataset final : public Dataset {
     std::string kinds;
     for (const std::string& f : formats) kinds += (kinds.empty() ? "" : ", ") + f;
     const std::string files = shards_.size() == 1 ? std::string() : format("{} files, ", shards_.size());
-    return format("tokens {}: {}{}, {} {} tokens, {} samples of {} tokens", path_, files, human_bytes(bytes),
-                  with_commas(tokens), kinds, with_commas(size()), seq_len_);
+    return format("tokens {}: {}{}, {} {} tokens, {} samples of {} tokens", path_, files,
+                  human_bytes(static_cast<int64_t>(bytes)), with_commas(tokens), kinds, with_commas(size()), seq_len_);
   }
 
  private:
@@ -501,22 +494,22 @@ class ToyDataset final : public Dataset {
   int64_t size() const override { return kToySamples; }
 
   void get(int64_t index, const Tensor& input_row, const Tensor& target_row) const override {
-    check_row(input_row, DType::F32, kToyInputs, "input", "toy");
-    check_row(target_row, DType::F32, kToyOutputs, "target", "toy");
+    check_row(input_row, DType::F32, Toy::kIn, "input", "toy");
+    check_row(target_row, DType::F32, Toy::kOut, "target", "toy");
     std::span<float> x = input_row.span<float>();
     std::span<float> y = target_row.span<float>();
     const uint64_t sample = hash_of(inputs_key_, static_cast<uint64_t>(index));
-    for (int64_t j = 0; j < kToyInputs; ++j) x[j] = unit_float(hash_of(sample, static_cast<uint64_t>(j)));
-    for (int64_t o = 0; o < kToyOutputs; ++o) {
+    for (int64_t j = 0; j < Toy::kIn; ++j) x[j] = unit_float(hash_of(sample, static_cast<uint64_t>(j)));
+    for (int64_t o = 0; o < Toy::kOut; ++o) {
       float acc = teacher_.bias[o];
-      for (int64_t j = 0; j < kToyInputs; ++j) acc += teacher_.weight[o * kToyInputs + j] * x[j];
+      for (int64_t j = 0; j < Toy::kIn; ++j) acc += teacher_.weight[o * Toy::kIn + j] * x[j];
       y[o] = acc;
     }
   }
 
   std::string describe() const override {
     return format("toy: {} samples of {} uniform [0, 1) features -> {} targets of a fixed linear teacher (seed {})",
-                  with_commas(size()), kToyInputs, kToyOutputs, seed_);
+                  with_commas(size()), Toy::kIn, Toy::kOut, seed_);
   }
 
  private:
@@ -533,10 +526,9 @@ ToyTeacher toy_teacher(uint64_t seed) {
   ToyTeacher t;
   const uint64_t w_key = stream_key(seed, Stream::ToyTeacherW);
   const uint64_t b_key = stream_key(seed, Stream::ToyTeacherB);
-  for (int64_t i = 0; i < kToyOutputs * kToyInputs; ++i)
+  for (int64_t i = 0; i < Toy::kOut * Toy::kIn; ++i)
     t.weight.push_back(unit_float(hash_of(w_key, static_cast<uint64_t>(i))) - 0.5f);
-  for (int64_t o = 0; o < kToyOutputs; ++o)
-    t.bias.push_back(unit_float(hash_of(b_key, static_cast<uint64_t>(o))) - 0.5f);
+  for (int64_t o = 0; o < Toy::kOut; ++o) t.bias.push_back(unit_float(hash_of(b_key, static_cast<uint64_t>(o))) - 0.5f);
   return t;
 }
 

@@ -50,15 +50,11 @@ inline constexpr int64_t kToySamples = 4096;
 /// per token instead of ln(vocab_size).
 inline constexpr int64_t kSyntheticActiveTokens = 1024;
 inline constexpr int kSyntheticSuccessors = 4;
-/// Toy sample widths: inputs [16] -> targets [8] (the DCP tutorial's model).
-inline constexpr int64_t kToyInputs = 16;
-inline constexpr int64_t kToyOutputs = 8;
-
 /// The toy dataset's fixed teacher, drawn from `seed`: targets = weight x + bias
 /// exactly (no noise), so the toy model's MSE can fall towards 0.
 struct ToyTeacher {
-  std::vector<float> weight;  // (kToyOutputs, kToyInputs), row-major
-  std::vector<float> bias;    // (kToyOutputs)
+  std::vector<float> weight;  // (models::Toy::kOut, models::Toy::kIn), row-major
+  std::vector<float> bias;    // (models::Toy::kOut)
 };
 ToyTeacher toy_teacher(uint64_t seed);
 

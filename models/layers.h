@@ -8,7 +8,7 @@
 //   gives BF16 activations); an input gradient takes the dtype of its input;
 //   saved statistics (rstd, lse) are F32.
 // - Children are called through forward()/backward(), never *_impl, so hooks
-//   and recomputation see every call.
+//   and wrappers (e.g. recomputation) see every call.
 // - forward saves handles (no copies) to what backward needs; backward drops
 //   them when it is done, and so does release_saved().
 // - Shapes: B batch, T time, D = hidden_size, H query heads, KV key/value

@@ -57,11 +57,6 @@ class Llama : public Model {
   LossKind loss_kind() const override { return LossKind::CrossEntropy; }
   Shape sample_input_shape(int64_t seq_len) const override { return {seq_len}; }
   Shape sample_target_shape(int64_t seq_len) const override { return {seq_len}; }
-  /// 6 * N * T + 6 * L * D * T^2, where N counts the weights that take part in
-  /// matmuls (every linear, lm_head included even when tied) and excludes the
-  /// embedding table (a gather, no FLOPs) and the norms, as is customary; the
-  /// second term is attention's QK^T and AV (2 matmuls * 2 FLOPs * T^2 * D per
-  /// layer forward, x3 for forward+backward, halved for the causal mask).
 
   const ModelConfig& config() const { return config_; }
   LlamaModel& model() { return model_; }

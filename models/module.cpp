@@ -1,4 +1,4 @@
-// Module plumbing: hooks, recomputation, the parameter tree, flat binding and
+// Module plumbing: hooks and wrappers, the parameter tree, flat binding and
 // the counter-based initialiser.
 #include "models/module.h"
 
@@ -74,33 +74,29 @@ double uniform_at(uint64_t key, uint64_t i, double bound) {
 
 Tensor Module::forward(const Tensor& x) {
   if (hooks_ != nullptr) hooks_->pre_forward(*this);
-  Tensor y = forward_impl(x);
-  if (recompute_) {
-    // Everything below is rebuilt from x in backward; keeping only a handle
-    // to x (no copy) is the whole memory saving.
-    release_saved_recursive();
-    recompute_input_ = x;
-  }
+  ModuleBody body(*this);
+  Tensor y = wrapper_ != nullptr ? wrapper_->forward(body, x) : forward_impl(x);
   if (hooks_ != nullptr) hooks_->post_forward(*this);
   return y;
 }
 
 Tensor Module::backward(const Tensor& dy) {
   if (hooks_ != nullptr) hooks_->pre_backward(*this);
-  if (recompute_) {
-    ST_CHECK(recompute_input_.defined(),
-             "{}: backward with recomputation on, but no forward input was kept (backward without forward, or called "
-             "twice)",
-             type_name());
-    // Same parameters, same input, same ops: the rebuilt state is bit-identical
-    // to what a stored forward would have kept. The output is not needed.
-    forward_impl(recompute_input_);
-  }
-  Tensor dx = backward_impl(dy);
-  if (recompute_) recompute_input_ = Tensor();
+  ModuleBody body(*this);
+  Tensor dx = wrapper_ != nullptr ? wrapper_->backward(body, dy) : backward_impl(dy);
   if (hooks_ != nullptr) hooks_->post_backward(*this);
   return dx;
 }
+
+void Module::set_wrapper(std::unique_ptr<ModuleWrapper> wrapper) {
+  ST_CHECK(wrapper == nullptr || wrapper_ == nullptr, "{}: the module already has a wrapper", type_name());
+  wrapper_ = std::move(wrapper);
+}
+
+Tensor ModuleBody::forward(const Tensor& x) { return module_.forward_impl(x); }
+Tensor ModuleBody::backward(const Tensor& dy) { return module_.backward_impl(dy); }
+void ModuleBody::release_saved() { module_.release_saved_recursive(); }
+std::string_view ModuleBody::type_name() const { return module_.type_name(); }
 
 std::vector<std::pair<std::string, Parameter*>> Module::named_parameters(const std::string& prefix) {
   std::vector<std::pair<std::string, Parameter*>> out;
@@ -123,7 +119,7 @@ int64_t Module::num_parameters() {
 
 void Module::release_saved_recursive() {
   release_saved();
-  recompute_input_ = Tensor();
+  if (wrapper_ != nullptr) wrapper_->release_saved();
   for (const auto& entry : children_) entry.second->release_saved_recursive();
 }
 

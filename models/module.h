@@ -4,10 +4,11 @@
 // needs; backward(dy) accumulates (+=) parameter gradients and returns dx.
 //
 // Callers always go through forward()/backward(), never the *_impl methods,
-// so that hooks (FSDP's gather/free/reduce-scatter, recomputation) see every
-// module call. A parameter's `value` and `grad` are handles the owner may
-// re-point (FSDP points them at views of a gathered flat buffer); modules
-// read them on every call and never cache them.
+// so that hooks (FSDP's gather/free/reduce-scatter) and wrappers (activation
+// recomputation, fsdp/recompute.h) see every module call. A parameter's
+// `value` and `grad` are handles the owner may re-point (FSDP points them at
+// views of a gathered flat buffer); modules read them on every call and never
+// cache them.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -57,6 +58,39 @@ class ModuleHooks {
   virtual void post_backward(Module&) {}
 };
 
+/// What a ModuleWrapper may do with the module it wraps: run the module's own
+/// forward and backward (its *_impl: no hooks, no wrapper) and drop the state
+/// that forward saved. Only Module makes one, for the length of one call.
+class ModuleBody {
+ public:
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  /// Drops the state forward saved for backward, in the module and below
+  /// (Module::release_saved_recursive).
+  void release_saved();
+  std::string_view type_name() const;
+
+ private:
+  friend class Module;
+  explicit ModuleBody(Module& module) : module_(module) {}
+  Module& module_;
+};
+
+/// Runs in place of a module's own forward and backward, inside its hooks
+/// (pre_forward, wrapper's forward, post_forward; the same for backward).
+/// forward() returns what body.forward(x) would and backward() what
+/// body.backward(dy) would; when and how often it runs them is the wrapper's
+/// business. The module owns its wrapper (Module::set_wrapper).
+class ModuleWrapper {
+ public:
+  virtual ~ModuleWrapper() = default;
+  virtual Tensor forward(ModuleBody& body, const Tensor& x) = 0;
+  virtual Tensor backward(ModuleBody& body, const Tensor& dy) = 0;
+  /// Drops what the wrapper keeps between forward and backward; the module's
+  /// release_saved_recursive() calls it.
+  virtual void release_saved() {}
+};
+
 class Module {
  public:
   virtual ~Module() = default;
@@ -67,11 +101,11 @@ class Module {
   /// The class name used by type-based wrapping ("DecoderLayer", "Linear", ...).
   virtual std::string_view type_name() const = 0;
 
-  /// Runs the forward (with hooks). With recompute on, only `x` is kept and
-  /// the forward's saved state is dropped until backward recomputes it.
+  /// Runs the forward: hooks around the wrapper, if any, else forward_impl.
   Tensor forward(const Tensor& x);
-  /// Runs the backward (with hooks): parameter grads +=, returns dx
-  /// (an undefined tensor when the input was not differentiable, e.g. tokens).
+  /// Runs the backward (hooks, then the wrapper or backward_impl): parameter
+  /// grads +=, returns dx (an undefined tensor when the input was not
+  /// differentiable, e.g. tokens).
   Tensor backward(const Tensor& dy);
 
   /// Direct children in registration order, with their local names.
@@ -93,11 +127,14 @@ class Module {
 
   void set_hooks(ModuleHooks* hooks) { hooks_ = hooks; }
   ModuleHooks* hooks() const { return hooks_; }
-  /// Activation recomputation for this module (applied to decoder layers).
-  void set_recompute(bool on) { recompute_ = on; }
-  bool recompute() const { return recompute_; }
+  /// Puts `wrapper` between this module's hooks and its own forward/backward,
+  /// which the module then owns. A module has at most one wrapper: setting a
+  /// second is an error naming the module's type; nullptr removes it.
+  void set_wrapper(std::unique_ptr<ModuleWrapper> wrapper);
+  const ModuleWrapper* wrapper() const { return wrapper_.get(); }
 
-  /// Drops the state forward saved for backward, in this module and below.
+  /// Drops the state forward saved for backward (the wrappers' too), in this
+  /// module and below.
   void release_saved_recursive();
 
  protected:
@@ -120,14 +157,15 @@ class Module {
   void share_parameter(Parameter& p) { shared_params_.push_back(&p); }
 
  private:
+  friend class ModuleBody;  // runs forward_impl/backward_impl for the wrapper
+
   std::vector<std::unique_ptr<Parameter>> param_storage_;
   std::vector<Parameter*> own_params_;
   std::vector<Parameter*> shared_params_;
   std::vector<std::pair<std::string, Module*>> children_;
   std::vector<std::unique_ptr<Module>> owned_;
   ModuleHooks* hooks_ = nullptr;
-  bool recompute_ = false;
-  Tensor recompute_input_;  // the only thing kept by a recomputed forward
+  std::unique_ptr<ModuleWrapper> wrapper_;
 };
 
 /// Gives every parameter of the subtree its own zeroed `grad` and a `value` of

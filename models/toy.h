@@ -20,8 +20,6 @@ class Toy : public Model {
   LossKind loss_kind() const override { return LossKind::Mse; }
   Shape sample_input_shape(int64_t) const override { return {kIn}; }
   Shape sample_target_shape(int64_t) const override { return {kOut}; }
-  /// 6 * (weights of net1 and net2): one multiply-add per weight per sample,
-  /// forward (2 FLOPs) plus backward (4 FLOPs).
 
   Linear& net1() { return net1_; }
   Linear& net2() { return net2_; }

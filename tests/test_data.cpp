@@ -20,11 +20,13 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "launch/data.h"
+#include "models/toy.h"
 
 namespace st::launch {
 namespace {
 
 namespace fs = std::filesystem;
+using models::Toy;
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -525,8 +527,8 @@ TEST(ToyDataset, ShapesDeterminismAndTheTeacher) {
   EXPECT_EQ(d->size(), kToySamples);
   const std::vector<int64_t> indices{0, 5, kToySamples - 1};
   auto batch = [&](const Dataset& ds) {
-    Tensor x = Tensor::empty({3, kToyInputs}, DType::F32);
-    Tensor y = Tensor::empty({3, kToyOutputs}, DType::F32);
+    Tensor x = Tensor::empty({3, Toy::kIn}, DType::F32);
+    Tensor y = Tensor::empty({3, Toy::kOut}, DType::F32);
     load_batch(ds, indices, x, y);
     return std::pair{x.to_floats(), y.to_floats()};
   };
@@ -534,23 +536,23 @@ TEST(ToyDataset, ShapesDeterminismAndTheTeacher) {
   const auto [x2, y2] = batch(*make_dataset(c));
   EXPECT_EQ(x, x2);
   EXPECT_EQ(y, y2);
-  EXPECT_NE(std::vector<float>(x.begin(), x.begin() + kToyInputs),
-            std::vector<float>(x.begin() + kToyInputs, x.begin() + 2 * kToyInputs));
+  EXPECT_NE(std::vector<float>(x.begin(), x.begin() + Toy::kIn),
+            std::vector<float>(x.begin() + Toy::kIn, x.begin() + 2 * Toy::kIn));
 
   const ToyTeacher teacher = toy_teacher(42);
-  ASSERT_EQ(teacher.weight.size(), static_cast<size_t>(kToyOutputs * kToyInputs));
-  ASSERT_EQ(teacher.bias.size(), static_cast<size_t>(kToyOutputs));
+  ASSERT_EQ(teacher.weight.size(), static_cast<size_t>(Toy::kOut * Toy::kIn));
+  ASSERT_EQ(teacher.bias.size(), static_cast<size_t>(Toy::kOut));
   EXPECT_NE(toy_teacher(43).weight, teacher.weight);
   for (size_t row = 0; row < 3; ++row) {
-    for (size_t j = 0; j < kToyInputs; ++j) {
-      EXPECT_GE(x[row * kToyInputs + j], 0.0f);
-      EXPECT_LT(x[row * kToyInputs + j], 1.0f);
+    for (size_t j = 0; j < Toy::kIn; ++j) {
+      EXPECT_GE(x[row * Toy::kIn + j], 0.0f);
+      EXPECT_LT(x[row * Toy::kIn + j], 1.0f);
     }
-    for (size_t o = 0; o < kToyOutputs; ++o) {
+    for (size_t o = 0; o < Toy::kOut; ++o) {
       double expected = teacher.bias[o];
-      for (size_t j = 0; j < kToyInputs; ++j)
-        expected += double{teacher.weight[o * kToyInputs + j]} * x[row * kToyInputs + j];
-      EXPECT_NEAR(y[row * kToyOutputs + o], expected, 1e-5) << "row " << row << " output " << o;
+      for (size_t j = 0; j < Toy::kIn; ++j)
+        expected += double{teacher.weight[o * Toy::kIn + j]} * x[row * Toy::kIn + j];
+      EXPECT_NEAR(y[row * Toy::kOut + o], expected, 1e-5) << "row " << row << " output " << o;
     }
   }
 
@@ -565,15 +567,15 @@ TEST(LoadBatch, Errors) {
   c.model.name = "toy";
   const auto d = make_dataset(c);
   const std::vector<int64_t> indices{0, 1};
-  Tensor x = Tensor::empty({3, kToyInputs}, DType::F32);
-  Tensor y = Tensor::empty({2, kToyOutputs}, DType::F32);
+  Tensor x = Tensor::empty({3, Toy::kIn}, DType::F32);
+  Tensor y = Tensor::empty({2, Toy::kOut}, DType::F32);
   EXPECT_EQ(error_of([&] { load_batch(*d, indices, x, y); }),
             "load_batch: inputs Tensor([3, 16], F32, cpu) must have 2 rows, one per sample index");
   const std::vector<int64_t> bad{0, kToySamples};
-  Tensor x2 = Tensor::empty({2, kToyInputs}, DType::F32);
+  Tensor x2 = Tensor::empty({2, Toy::kIn}, DType::F32);
   EXPECT_EQ(error_of([&] { load_batch(*d, bad, x2, y); }),
             "load_batch: sample index 4096 is outside the dataset [0, 4096)");
-  Tensor wrong = Tensor::empty({2, kToyInputs}, DType::I32);
+  Tensor wrong = Tensor::empty({2, Toy::kIn}, DType::I32);
   EXPECT_EQ(error_of([&] { load_batch(*d, indices, wrong, y); }),
             "toy dataset: input row must be F32 with 16 elements, got Tensor([16], I32, cpu)");
 }

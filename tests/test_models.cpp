@@ -1,6 +1,7 @@
 // models/: parameter names and counts as Hugging Face has them, the
 // counter-based init, finite-difference gradient checks of every layer and
-// of both models, recomputation (bit-identical), hooks and accumulation.
+// of both models, hooks and wrappers (fsdp/recompute.h's recomputation:
+// bit-identical, and a type chosen by config), and accumulation.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,6 +14,7 @@
 
 #include "core/format.h"
 #include "core/ops.h"
+#include "fsdp/recompute.h"
 #include "models/hf_config.h"
 #include "models/layers.h"
 #include "models/llama.h"
@@ -558,7 +560,7 @@ TEST(Recompute, DecoderLayerIsBitIdentical) {
       allocate_parameters(*l, dtype);
       init_parameters(*l, 11);
     }
-    recomputed.set_recompute(true);
+    fsdp::wrap_recompute(recomputed);
     Tensor x = random_tensor({2, 8, 32}, 1, -1, 1, dtype);
     Tensor dy = random_tensor({2, 8, 32}, 2, -1, 1, dtype);
     GradSnapshot a = run_once(stored, x, dy);
@@ -573,7 +575,7 @@ TEST(Recompute, LlamaWithEveryLayerRecomputedIsBitIdentical) {
     allocate_parameters(*m, DType::F32);
     init_parameters(*m, 21);
   }
-  for (size_t i = 0; i < recomputed.model().layers().size(); ++i) recomputed.model().layer(i).set_recompute(true);
+  for (size_t i = 0; i < recomputed.model().layers().size(); ++i) fsdp::wrap_recompute(recomputed.model().layer(i));
   Tensor tokens = random_tokens({2, 8}, 64, 1);
   Tensor dlogits = random_tensor({2, 8, 64}, 2);
   GradSnapshot a = run_once(stored, tokens, dlogits);
@@ -581,11 +583,59 @@ TEST(Recompute, LlamaWithEveryLayerRecomputedIsBitIdentical) {
   expect_same_run(a, b, stored);
 }
 
+// A type other than DecoderLayer, chosen as the trainer chooses it
+// (fsdp.activation_checkpointing.module_types): the same outputs and gradients
+// bit for bit as a stored run, for single linears, for blocks inside layers
+// that are not recomputed, and for a recomputed module inside another.
+TEST(Recompute, ModulesOfAConfiguredTypeGiveTheSameGradients) {
+  {
+    Toy stored, recomputed;
+    for (Toy* m : {&stored, &recomputed}) {
+      allocate_parameters(*m, DType::F32);
+      init_parameters(*m, 31);
+    }
+    RecomputeConfig rc;
+    rc.mode = RecomputeMode::Full;
+    rc.module_types = {"Linear"};
+    EXPECT_EQ(fsdp::apply_activation_checkpointing(recomputed, rc), 2);
+    Tensor x = random_tensor({4, Toy::kIn}, 1);
+    Tensor dy = random_tensor({4, Toy::kOut}, 2);
+    GradSnapshot a = run_once(stored, x, dy);
+    GradSnapshot b = run_once(recomputed, x, dy);
+    expect_same_run(a, b, stored);
+  }
+  struct Case {
+    RecomputeMode mode;
+    std::vector<std::string> types;
+    int wrapped;
+  };
+  for (const Case& c :
+       {Case{RecomputeMode::EveryN, {"MLP", "Attention"}, 2}, Case{RecomputeMode::Full, {"DecoderLayer", "MLP"}, 6}}) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      Llama stored(tiny_llama(3)), recomputed(tiny_llama(3));
+      for (Llama* m : {&stored, &recomputed}) {
+        allocate_parameters(*m, dtype);
+        init_parameters(*m, 41);
+      }
+      RecomputeConfig rc;
+      rc.mode = c.mode;
+      rc.n = 3;  // every_n: attention 0 and MLP 1 of the six blocks
+      rc.module_types = c.types;
+      EXPECT_EQ(fsdp::apply_activation_checkpointing(recomputed, rc), c.wrapped);
+      Tensor tokens = random_tokens({2, 8}, 64, 1);
+      Tensor dlogits = random_tensor({2, 8, 64}, 2, -1, 1, dtype);
+      GradSnapshot a = run_once(stored, tokens, dlogits);
+      GradSnapshot b = run_once(recomputed, tokens, dlogits);
+      expect_same_run(a, b, stored);
+    }
+  }
+}
+
 TEST(Recompute, BackwardWithoutForwardIsAnError) {
   DecoderLayer layer(tiny_llama());
   allocate_parameters(layer, DType::F32);
   init_parameters(layer, 1);
-  layer.set_recompute(true);
+  fsdp::wrap_recompute(layer);
   Tensor dy = random_tensor({1, 4, 32}, 2);
   std::string msg = test::error_of([&] { layer.backward(dy); });
   EXPECT_NE(msg.find("DecoderLayer"), std::string::npos) << msg;
@@ -639,7 +689,7 @@ TEST(Hooks, FireAroundForwardAndBackwardInOrder) {
   // module's backward (so their hooks, e.g. FSDP gathers, fire again) and the
   // module's own forward hooks do not.
   log.clear();
-  mlp.set_recompute(true);
+  fsdp::wrap_recompute(mlp);
   mlp.forward(x);
   mlp.backward(dy);
   expected = forward;

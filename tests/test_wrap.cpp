@@ -1,7 +1,7 @@
 // fsdp/wrap.cpp: the exact units each wrap policy chooses for a tiny LLaMA
 // and the toy model (counts worked out by hand from the dimensions), that
 // wrapping never renames or duplicates a parameter, that tied embeddings stay
-// in the root unit, and which decoder layers recompute.
+// in the root unit, and which modules recompute (fsdp/recompute.h).
 #include <cstdint>
 #include <set>
 #include <string>
@@ -10,8 +10,8 @@
 
 #include <gtest/gtest.h>
 
-#include "launch/config.h"
 #include "fsdp/fsdp.h"
+#include "launch/config.h"
 #include "models/model.h"
 #include "test_util.h"
 
@@ -152,8 +152,10 @@ TEST(Wrap, TransformerRejectsUnknownAndEmptyTypes) {
             }),
             "fsdp.auto_wrap.module_types: no module of type 'Block' in this model; its module types are: Attention, "
             "DecoderLayer, Embedding, Linear, LlamaForCausalLM, LlamaModel, MLP, ModuleList, RMSNorm");
-  EXPECT_NE(test::error_of([&] { plan_units(*m, by_type({})); }).find("fsdp.auto_wrap.module_types"),
-            std::string::npos);
+  // An empty list is refused by the config's one check of it, before any plan.
+  FsdpConfig empty;
+  empty.auto_wrap = by_type({});
+  EXPECT_NE(test::error_of([&] { empty.validate(); }).find("fsdp.auto_wrap.module_types"), std::string::npos);
 }
 
 TEST(Wrap, SizeBasedJustBelowALayerWrapsTheLayers) {
@@ -268,10 +270,19 @@ std::vector<bool> recomputing_layers(models::Module& root) {
   std::vector<bool> out;
   for (const auto& [name, m] : root.named_modules()) {
     if (m->type_name() == "DecoderLayer") {
-      out.push_back(m->recompute());
+      out.push_back(is_recomputed(*m));
     } else {
-      EXPECT_FALSE(m->recompute()) << name;  // nothing else is ever touched
+      EXPECT_FALSE(is_recomputed(*m)) << name;  // nothing else is ever touched
     }
+  }
+  return out;
+}
+
+/// FQNs of the recomputed modules, in pre-order.
+std::vector<std::string> recomputed_modules(models::Module& root) {
+  std::vector<std::string> out;
+  for (const auto& [name, m] : root.named_modules()) {
+    if (is_recomputed(*m)) out.push_back(name);
   }
   return out;
 }
@@ -295,13 +306,60 @@ TEST(Wrap, ActivationCheckpointing) {
   {
     auto m = tiny_llama();
     EXPECT_EQ(apply_activation_checkpointing(*m, {RecomputeMode::EveryN, 1}), 3);
+    // n = 0 is refused by the config's one check of it (FsdpConfig::validate).
+    FsdpConfig zero;
+    zero.activation_checkpointing = {RecomputeMode::EveryN, 0};
+    EXPECT_NE(test::error_of([&] { zero.validate(); }).find("fsdp.activation_checkpointing.n"), std::string::npos);
+  }
+  // The toy model has no decoder layers: with the default module_types
+  // ([DecoderLayer]) that is an error naming the key and the model's types,
+  // as for fsdp.auto_wrap.module_types; mode none checks nothing.
+  auto t = toy();
+  EXPECT_EQ(apply_activation_checkpointing(*t, {RecomputeMode::None, 2}), 0);
+  EXPECT_EQ(test::error_of([&] {
+              apply_activation_checkpointing(*t, {RecomputeMode::Full, 2});
+            }),
+            "fsdp.activation_checkpointing.module_types: no module of type 'DecoderLayer' in this model; its module "
+            "types are: Linear, ReLU, ToyModel");
+  EXPECT_TRUE(recomputed_modules(*t).empty());
+}
+
+TEST(Wrap, ActivationCheckpointingOfConfiguredTypes) {
+  {
+    auto m = tiny_llama();
+    EXPECT_EQ(apply_activation_checkpointing(*m, {RecomputeMode::Full, 2, {"MLP"}}), 3);
+    EXPECT_EQ(recomputed_modules(*m),
+              (std::vector<std::string>{"model.layers.0.mlp", "model.layers.1.mlp", "model.layers.2.mlp"}));
+  }
+  {
+    // every_n counts the modules of every listed type together, in pre-order:
+    // attention 0, MLP 0, attention 1, MLP 1, ... of which 0 and 3 here.
+    auto m = tiny_llama();
+    EXPECT_EQ(apply_activation_checkpointing(*m, {RecomputeMode::EveryN, 3, {"MLP", "Attention"}}), 2);
+    EXPECT_EQ(recomputed_modules(*m), (std::vector<std::string>{"model.layers.0.self_attn", "model.layers.1.mlp"}));
+  }
+  {
+    auto t = toy();
+    EXPECT_EQ(apply_activation_checkpointing(*t, {RecomputeMode::Full, 2, {"Linear"}}), 2);
+    EXPECT_EQ(recomputed_modules(*t), (std::vector<std::string>{"net1", "net2"}));
     EXPECT_NE(test::error_of([&] {
-                apply_activation_checkpointing(*m, {RecomputeMode::EveryN, 0});
-              }).find("fsdp.activation_checkpointing.n"),
+                apply_activation_checkpointing(*t, {RecomputeMode::Full, 2, {"Linear"}});
+              }).find("fsdp.activation_checkpointing.module_types: module 'net1' (Linear) already has a wrapper"),
               std::string::npos);
   }
-  auto t = toy();  // no decoder layers
-  EXPECT_EQ(apply_activation_checkpointing(*t, {RecomputeMode::Full, 2}), 0);
+  auto m = tiny_llama();
+  // An empty list is the config's to refuse (FsdpConfig::validate, the one check of it).
+  FsdpConfig empty;
+  empty.activation_checkpointing = {RecomputeMode::Full, 2, {}};
+  EXPECT_EQ(test::error_of([&] { empty.validate(); }),
+            "invalid value [] for 'fsdp.activation_checkpointing.module_types': expected at least one module type "
+            "name when fsdp.activation_checkpointing.mode is not none, e.g. [DecoderLayer]");
+  EXPECT_EQ(test::error_of([&] {
+              apply_activation_checkpointing(*m, {RecomputeMode::EveryN, 2, {"MLP", "Block"}});
+            }),
+            "fsdp.activation_checkpointing.module_types: no module of type 'Block' in this model; its module types "
+            "are: Attention, DecoderLayer, Embedding, Linear, LlamaForCausalLM, LlamaModel, MLP, ModuleList, RMSNorm");
+  EXPECT_TRUE(recomputed_modules(*m).empty());  // nothing wrapped when the config is refused
 }
 
 }  // namespace
