@@ -97,4 +97,16 @@ inline std::string human_bytes(int64_t bytes) {
   return format("{:.2f} TB", b / 1e12);
 }
 
+/// An integer with its thousands grouped for people: "1,234,567", "-12,345", "999".
+inline std::string with_commas(int64_t v) {
+  const std::string digits = std::to_string(v);
+  const size_t first = v < 0 ? 1 : 0;  // the sign stays in front of the groups
+  std::string out = digits.substr(0, first);
+  for (size_t i = first; i < digits.size(); ++i) {
+    if (i > first && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
 }  // namespace st

@@ -98,19 +98,6 @@ class Permutation {
 };
 
 // ---------------------------------------------------------------------------
-// Formatting for describe().
-
-std::string with_commas(int64_t v) {
-  std::string digits = std::to_string(v < 0 ? -v : v);
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return v < 0 ? "-" + out : out;
-}
-
-// ---------------------------------------------------------------------------
 // Rows.
 
 void check_row(const Tensor& row, DType dtype, int64_t numel, std::string_view what, std::string_view dataset) {

@@ -18,21 +18,12 @@ std::string seconds_str(double s) {
   return format("{}h{}m", static_cast<int64_t>(s / 3600), static_cast<int64_t>(std::fmod(s, 3600.0) / 60));
 }
 
-// 1234567 -> "1,234,567": throughput is easier to read grouped.
-std::string grouped(double v) {
-  std::string digits = std::to_string(static_cast<int64_t>(std::llround(v)));
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
 }  // namespace
 
 std::string format_step_line(const StepMetrics& m) {
-  const std::string rate =
-      m.tokens_per_s >= 0 ? grouped(m.tokens_per_s) + " tok/s" : grouped(m.samples_per_s) + " samples/s";
+  // Throughput is easier to read grouped: "1,234,567 tok/s".
+  const std::string rate = m.tokens_per_s >= 0 ? with_commas(std::llround(m.tokens_per_s)) + " tok/s"
+                                               : with_commas(std::llround(m.samples_per_s)) + " samples/s";
   std::string line =
       format("step {}/{} | loss {:.4f} | lr {:.2e} | grad_norm {:.3f} | {} | elapsed {} | eta {}", m.step,
              m.total_steps, m.loss, m.lr, m.grad_norm, rate, seconds_str(m.elapsed_s), seconds_str(m.eta_s));

@@ -1,0 +1,28 @@
+// core/format.h: the numbers people read in log lines.
+#include <gtest/gtest.h>
+
+#include "core/format.h"
+
+namespace st {
+namespace {
+
+TEST(Format, WithCommasGroupsThousands) {
+  EXPECT_EQ(with_commas(0), "0");
+  EXPECT_EQ(with_commas(999), "999");
+  EXPECT_EQ(with_commas(1000), "1,000");
+  EXPECT_EQ(with_commas(1234567), "1,234,567");
+  EXPECT_EQ(with_commas(-999), "-999");
+  EXPECT_EQ(with_commas(-12345), "-12,345");
+  EXPECT_EQ(with_commas(-123456), "-123,456");
+}
+
+TEST(Format, HumanBytesUsesPowersOfAThousand) {
+  EXPECT_EQ(human_bytes(812), "812 B");
+  EXPECT_EQ(human_bytes(45300), "45.3 kB");
+  EXPECT_EQ(human_bytes(12300000), "12.3 MB");
+  EXPECT_EQ(human_bytes(1250000000), "1.25 GB");
+  EXPECT_EQ(human_bytes(3100000000000), "3.10 TB");
+}
+
+}  // namespace
+}  // namespace st
