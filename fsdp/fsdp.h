@@ -19,7 +19,7 @@
 #include "core/log.h"
 #include "core/state.h"
 #include "models/module.h"
-#include "optim/optimizer.h"
+#include "optim/optimizer.h"  // optim::Segment: segments() hands the shards to the optimizer
 
 namespace st::fsdp {
 
