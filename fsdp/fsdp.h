@@ -22,7 +22,7 @@
 #include "fsdp/config.h"
 #include "fsdp/recompute.h"
 #include "models/module.h"
-#include "optim/optimizer.h"
+#include "optim/optimizer.h"  // optim::Segment: segments() hands the shards to the optimizer
 
 namespace st::fsdp {
 

@@ -9,47 +9,23 @@
 //   p     += (-lr / (1 - beta1^t)) * m / denom
 //
 // Scalars are computed in double and rounded to F32 where torch rounds them
-// (a Python float meeting an F32 tensor); see kernel.h for the F32 rounding.
+// (a Python float meeting an F32 tensor); the element loop is
+// segment_ops.h's adamw_step (CPU or GPU by the segment's device), and
+// kernel.h states its F32 rounding.
 #include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
 
-#include "core/cpu/parallel.h"
-#include "core/cuda/ops_cuda.h"
 #include "core/error.h"
 #include "optim/kernel.h"
+#include "optim/segment_ops.h"
 
 namespace st::optim::detail {
 namespace {
 
-// One step's scalars, already rounded to F32; the GPU kernel takes the same
-// struct. On the CPU `decay` is set per range (1 for ranges without decay).
-using AdamWScalars = cuda::AdamWScalars;
-
-// Elements per parallel block of the CPU kernel.
+// Elements per parallel block of the CPU loop.
 constexpr int64_t kBlockElems = 32768;
-
-ST_OPTIM_KERNEL void adamw_kernel(float* __restrict p, const float* __restrict g, float* __restrict m,
-                                  float* __restrict v, int64_t n, const AdamWScalars& s) {
-  // Every operation is IEEE-exact per element (sqrt and division included),
-  // so the vector and scalar code of this loop round identically.
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    const float decayed = p[i] * s.decay;
-    const float m_scaled = s.beta1 * m[i];
-    const float mi = std::fma(gi, s.one_minus_beta1, m_scaled);
-    const float v_scaled = s.beta2 * v[i];
-    const float g_scaled = s.one_minus_beta2 * gi;
-    const float vi = std::fma(g_scaled, gi, v_scaled);
-    const float denom = std::sqrt(vi) / s.bias_correction2_sqrt + s.eps;
-    const float update = (s.neg_step_size * mi) / denom;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = decayed + update;
-  }
-}
 
 class AdamW final : public Optimizer {
  public:
@@ -85,31 +61,8 @@ class AdamW final : public Optimizer {
     s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
     s.eps = static_cast<float>(eps_);
     s.neg_step_size = static_cast<float>(-(lr / bias_correction1));
-    const float decay = static_cast<float>(1.0 - lr * weight_decay_);
-    for (Slot& slot : slots_) {
-      if (slot.segment.param.device().is_cuda()) {
-        // One fused launch for the whole segment; the kernel applies decay to ranges whose flag is set.
-        s.decay = decay;
-        cuda::adamw_step(slot.segment.param, slot.segment.grad, slot.exp_avg, slot.exp_avg_sq,
-                         slot.segment.device_ranges, s);
-        continue;
-      }
-      float* p = slot.segment.param.data<float>();
-      const float* g = slot.segment.grad.data<float>();
-      float* m = slot.exp_avg.data<float>();
-      float* v = slot.exp_avg_sq.data<float>();
-      // Elements are independent: blocks may run on any thread.
-      cpu::parallel_for(static_cast<int64_t>(slot.blocks.size()), 1, [&](int64_t begin, int64_t end) {
-        for (int64_t b = begin; b < end; ++b) {
-          const RangeBlock& blk = slot.blocks[static_cast<size_t>(b)];
-          AdamWScalars sb = s;
-          // Multiplying by exactly 1 is what torch does for a group with weight_decay 0.
-          sb.decay = blk.weight_decay ? decay : 1.0f;
-          const int64_t o = blk.begin;
-          adamw_kernel(p + o, g + o, m + o, v + o, blk.end - blk.begin, sb);
-        }
-      });
-    }
+    s.decay = static_cast<float>(1.0 - lr * weight_decay_);
+    for (const Slot& slot : slots_) adamw_step(slot.segment, slot.blocks, slot.exp_avg, slot.exp_avg_sq, s);
   }
 
   std::vector<std::pair<std::string, Tensor>> state(size_t i) const override {
@@ -128,7 +81,7 @@ class AdamW final : public Optimizer {
     Segment segment;
     Tensor exp_avg;                  // F32 [n], zero outside ranges
     Tensor exp_avg_sq;               // F32 [n], zero outside ranges
-    std::vector<RangeBlock> blocks;  // the ranges cut for the CPU loop, made once
+    std::vector<RangeBlock> blocks;  // the ranges cut for the CPU loop, made once (unused on a GPU)
   };
 
   double beta1_, beta2_, eps_, weight_decay_;

@@ -1,17 +1,16 @@
 // What every optimizer shares: segment validation, the factory, and the
-// global-norm clipping helpers (which touch gradients only inside ranges).
+// global-norm clipping helpers (which touch gradients only inside ranges,
+// through segment_ops.h on either device).
 #include "optim/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "core/cpu/parallel.h"
-#include "core/cuda/ops_cuda.h"
 #include "core/error.h"
 #include "core/format.h"
-#include "core/ops.h"
 #include "optim/kernel.h"
+#include "optim/segment_ops.h"
 
 namespace st::optim {
 namespace detail {
@@ -112,21 +111,9 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config) {
   ST_FAIL("optim.name: unknown optimizer kind {}", static_cast<int>(config.name));
 }
 
-namespace {
-
-// Elements per block of the CPU scale loop.
-constexpr int64_t kClipBlock = 32768;
-
-}  // namespace
-
 double grad_sum_of_squares(const Segment& segment) {
   detail::validate_segment(segment);
-  if (segment.grad.device().is_cuda()) return cuda::masked_sum_of_squares(segment.grad, segment.device_ranges);
-  // Each range through the op (parallel blocks summed in a fixed order), the
-  // ranges in segment order: the result does not depend on the thread count.
-  double sum = 0.0;
-  for (const ParamRange& r : segment.ranges) sum += ops::sum_of_squares(segment.grad.flat_slice(r.offset, r.numel));
-  return sum;
+  return detail::masked_sum_of_squares(segment.grad, segment);
 }
 
 double clip_coefficient(double total_norm, double max_norm) {
@@ -141,20 +128,7 @@ double clip_coefficient(double total_norm, double max_norm) {
 void scale_grad(const Segment& segment, double coefficient) {
   detail::validate_segment(segment);
   // torch multiplies by the coefficient held as an F32 tensor.
-  const float c = static_cast<float>(coefficient);
-  if (segment.grad.device().is_cuda()) {
-    cuda::masked_scale(segment.grad, segment.device_ranges, c);
-    return;
-  }
-  float* g = segment.grad.data<float>();
-  const std::vector<detail::RangeBlock> blocks = detail::range_blocks(segment, kClipBlock);
-  cpu::parallel_for(static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const detail::RangeBlock& blk = blocks[static_cast<size_t>(b)];
-#pragma omp simd
-      for (int64_t i = blk.begin; i < blk.end; ++i) g[i] *= c;
-    }
-  });
+  detail::masked_scale(segment.grad, segment, static_cast<float>(coefficient));
 }
 
 }  // namespace st::optim

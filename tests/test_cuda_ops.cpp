@@ -15,8 +15,9 @@
 // - gemm, BF16 result: the same plus one BF16 ulp of the result: both sides
 //   round once, but F32 values a hair apart can round to neighbouring BF16s.
 // - sum_of_squares: relative 1e-12 (double sums in a different order).
-// - adamw_step, masked_scale: bit-identical to optim/adamw.cpp's arithmetic,
-//   replicated below; elements outside every range keep their bits.
+// - adamw_step, masked_scale (optim/cuda/segment_ops_cuda.h): bit-identical to
+//   optim/segment_ops.cpp's arithmetic, replicated below; elements outside
+//   every range keep their bits.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,8 +31,8 @@
 #include <gtest/gtest.h>
 
 #include "core/cuda/cuda_runtime.h"
-#include "core/cuda/ops_cuda.h"
 #include "core/ops.h"
+#include "optim/cuda/segment_ops_cuda.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -42,6 +43,7 @@ using st::DType;
 using st::Shape;
 using st::Tensor;
 using st::ops::Transpose;
+using st::optim::detail::AdamWScalars;
 
 const Device kGpu = Device::cuda(0);
 
@@ -531,11 +533,10 @@ std::vector<RangeRow> many_small_ranges(int64_t n, uint32_t seed) {
 #define ST_NO_CONTRACT
 #endif
 
-// optim/adamw.cpp's adamw_kernel, statement for statement: the reference the
+// optim/segment_ops.cpp's adamw_kernel, statement for statement: the reference the
 // GPU must match bit for bit. Contraction is off (GCC would fuse across
 // statements where the CPU has FMA), std::fma exactly where the CPU uses it.
-ST_NO_CONTRACT void adamw_reference(float* p, const float* g, float* m, float* v, int64_t n,
-                                    const st::cuda::AdamWScalars& s) {
+ST_NO_CONTRACT void adamw_reference(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i];
     const float decayed = p[i] * s.decay;
@@ -553,11 +554,10 @@ ST_NO_CONTRACT void adamw_reference(float* p, const float* g, float* m, float* v
 }
 
 // The step-t scalars exactly as optim/adamw.cpp rounds them.
-st::cuda::AdamWScalars adamw_scalars(int64_t t, double lr, double beta1, double beta2, double eps,
-                                     double weight_decay) {
+AdamWScalars adamw_scalars(int64_t t, double lr, double beta1, double beta2, double eps, double weight_decay) {
   const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(t));
   const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(t));
-  st::cuda::AdamWScalars s{};
+  AdamWScalars s{};
   s.decay = static_cast<float>(1.0 - lr * weight_decay);
   s.beta1 = static_cast<float>(beta1);
   s.one_minus_beta1 = static_cast<float>(1.0 - beta1);
@@ -582,10 +582,10 @@ void check_adamw(int64_t n, const std::vector<RangeRow>& rows, uint32_t seed) {
   const Tensor table = range_table(rows);
 
   for (int64_t t = 1; t <= 3; ++t) {
-    const st::cuda::AdamWScalars s = adamw_scalars(t, 1e-3 * static_cast<double>(t), 0.9, 0.95, 1e-8, 0.1);
-    st::cuda::adamw_step(p_gpu, g_gpu, m_gpu, v_gpu, table, s);
+    const AdamWScalars s = adamw_scalars(t, 1e-3 * static_cast<double>(t), 0.9, 0.95, 1e-8, 0.1);
+    st::optim::cuda::adamw_step(p_gpu, g_gpu, m_gpu, v_gpu, table, s);
     for (const RangeRow& r : rows) {
-      st::cuda::AdamWScalars rs = s;
+      AdamWScalars rs = s;
       if (r.decay == 0) rs.decay = 1.0f;
       adamw_reference(p.data<float>() + r.offset, g.data<float>() + r.offset, m.data<float>() + r.offset,
                       v.data<float>() + r.offset, r.numel, rs);
@@ -616,19 +616,20 @@ TEST(CudaAdamW, EmptyTableTouchesNothing) {
   const Tensor p = random_tensor({100}, DType::F32, 8400).to(kGpu);
   const Tensor before = p.to(Device::cpu());
   const Tensor table = Tensor::empty({0, 3}, DType::I32, kGpu);
-  st::cuda::adamw_step(p, p.clone(), p.clone(), p.clone(), table, adamw_scalars(1, 1e-3, 0.9, 0.95, 1e-8, 0.1));
+  st::optim::cuda::adamw_step(p, p.clone(), p.clone(), p.clone(), table, adamw_scalars(1, 1e-3, 0.9, 0.95, 1e-8, 0.1));
   EXPECT_EQ(st::test::count_wrong(p.to(Device::cpu()), before), 0);
-  EXPECT_EQ(st::cuda::masked_sum_of_squares(p, table), 0.0);
+  EXPECT_EQ(st::optim::cuda::masked_sum_of_squares(p, table), 0.0);
 }
 
 TEST(CudaAdamW, RejectsABadTable) {
   if (st::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   const Tensor x = random_tensor({10}, DType::F32, 8500).to(kGpu);
   const Tensor wrong_shape = Tensor::zeros({2, 2}, DType::I32, kGpu);
-  EXPECT_NE(st::test::error_of([&] { st::cuda::masked_scale(x, wrong_shape, 2.0f); }).find("[R, 3]"),
+  EXPECT_NE(st::test::error_of([&] { st::optim::cuda::masked_scale(x, wrong_shape, 2.0f); }).find("[R, 3]"),
             std::string::npos);
   const Tensor on_cpu = Tensor::zeros({1, 3}, DType::I32);
-  EXPECT_NE(st::test::error_of([&] { st::cuda::masked_scale(x, on_cpu, 2.0f); }).find("ranges"), std::string::npos);
+  EXPECT_NE(st::test::error_of([&] { st::optim::cuda::masked_scale(x, on_cpu, 2.0f); }).find("ranges"),
+            std::string::npos);
 }
 
 TEST(CudaMasked, SumOfSquaresOverRanges) {
@@ -646,7 +647,7 @@ TEST(CudaMasked, SumOfSquaresOverRanges) {
         for (int32_t i = r.offset; i < r.offset + r.numel; ++i)
           want += static_cast<double>(xv[static_cast<size_t>(i)]) * xv[static_cast<size_t>(i)];
       ASSERT_GT(want, 0.0);
-      EXPECT_NEAR(st::cuda::masked_sum_of_squares(x.to(kGpu), table), want, 1e-12 * want);
+      EXPECT_NEAR(st::optim::cuda::masked_sum_of_squares(x.to(kGpu), table), want, 1e-12 * want);
     }
   }
 }
@@ -661,7 +662,7 @@ TEST(CudaMasked, ScaleOverRangesOnly) {
       SCOPED_TRACE(st::format("n={} {}", n, dtype_str(t)));
       const Tensor x = random_tensor({n}, t, seed++);
       const Tensor got = x.to(kGpu);
-      st::cuda::masked_scale(got, table, 0.3f);
+      st::optim::cuda::masked_scale(got, table, 0.3f);
       // The CPU scale over each range is the reference; the rest keeps its bits.
       for (const RangeRow& r : rows) st::ops::scale(x.flat_slice(r.offset, r.numel), 0.3f);
       EXPECT_EQ(st::test::count_wrong(got.to(Device::cpu()), x), 0);

@@ -1,9 +1,9 @@
 #pragma once
-// Device helpers that several kernel files of core/cuda/ share: BF16 <-> F32
-// conversion with core/dtype.h's rounding, block reductions and the two-stage
-// sum with a fixed order, grid sizing and the F32/BF16 dtype visitor. Only for .cu sources
-// built with ST_WITH_CUDA. Everything here is inline or a template, so any
-// number of translation units may include it.
+// Device helpers that the kernel files of core/cuda/ and optim/cuda/ share:
+// BF16 <-> F32 conversion with core/dtype.h's rounding, block reductions and
+// the two-stage sum with a fixed order, grid sizing and the F32/BF16 dtype
+// visitor. Only for .cu sources built with ST_WITH_CUDA. Everything here is
+// inline or a template, so any number of translation units may include it.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>

@@ -67,12 +67,4 @@ ops::LossSum cross_entropy(const Tensor&, const Tensor&, int64_t, float, const T
 
 ops::LossSum mse(const Tensor&, const Tensor&, float, const Tensor&) { no_cuda("mse"); }
 
-void adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWScalars&) {
-  no_cuda("adamw_step");
-}
-
-double masked_sum_of_squares(const Tensor&, const Tensor&) { no_cuda("masked_sum_of_squares"); }
-
-void masked_scale(const Tensor&, const Tensor&, float) { no_cuda("masked_scale"); }
-
 }  // namespace st::cuda

@@ -4,9 +4,10 @@
 // dispatchers (core/ops.cpp, core/ops_nn.cpp). Every kernel runs on the
 // compute stream of its tensors' GPU (core/cuda/stream.h) and returns once
 // issued, except the ops that return a host value (sum_of_squares, the
-// losses, masked_sum_of_squares), which wait for it, and embedding
-// forward/backward, which wait for their token range check. Implemented in
-// core/cuda/*.cu; core/cuda/no_cuda_ops.cpp stands in without CUDA.
+// losses), which wait for it, and embedding forward/backward, which wait for
+// their token range check. Implemented in core/cuda/*.cu;
+// core/cuda/no_cuda_ops.cpp stands in without CUDA. The optimizer's kernels
+// are optim/'s own (optim/cuda/segment_ops_cuda.h).
 // BF16 storage, F32 math, one rounding per output element, as on the CPU.
 #include <cstdint>
 
@@ -44,31 +45,5 @@ void relu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx);
 ops::LossSum cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, float grad_scale,
                            const Tensor& dlogits);
 ops::LossSum mse(const Tensor& pred, const Tensor& target, float grad_scale, const Tensor& dpred);
-
-// --- optimizer kernels (core/cuda/adamw.cu) ---------------------------------------
-/// One step's AdamW scalars, already rounded to F32 exactly as optim/adamw.cpp does.
-struct AdamWScalars {
-  float decay;  // 1 - lr * weight_decay, used for ranges whose decay flag is set (others use 1)
-  float beta1;
-  float one_minus_beta1;
-  float beta2;
-  float one_minus_beta2;
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
-  float eps;
-  float neg_step_size;  // -lr / (1 - beta1^t)
-};
-/// Fused AdamW over one flat F32 segment (param, grad, exp_avg, exp_avg_sq,
-/// all [n] on one GPU): one launch updates every range of `ranges`, an I32
-/// [R, 3] table on the same GPU with rows (offset, numel, decay flag 0/1),
-/// sorted and disjoint; elements outside every range are not touched. Same
-/// per-element operation order as optim/adamw.cpp's CPU kernel (FMA where it
-/// uses std::fma, no other contraction), so results match it bit for bit.
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const Tensor& ranges, const AdamWScalars& s);
-/// Sum of x*x over the ranges of an I32 [R, 3] table as above (decay column
-/// ignored), accumulated in double; waits for the result.
-double masked_sum_of_squares(const Tensor& x, const Tensor& ranges);
-/// x *= s over the ranges of the table (others untouched).
-void masked_scale(const Tensor& x, const Tensor& ranges, float s);
 
 }  // namespace st::cuda

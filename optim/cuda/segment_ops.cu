@@ -1,5 +1,6 @@
-// CUDA optimizer kernels of core/cuda/ops_cuda.h: fused AdamW, and the masked
-// sum of squares / scale that gradient clipping runs over a segment's ranges.
+// CUDA optimizer kernels of optim/cuda/segment_ops_cuda.h: fused AdamW, and
+// the masked sum of squares / scale that gradient clipping runs over a
+// segment's ranges.
 //
 // Each kernel is one launch over a whole flat segment. The segment [0, n) is
 // cut into chunks of kChunk elements; a block takes chunks in a grid-stride
@@ -14,22 +15,27 @@
 
 #include "core/cuda/cuda_runtime.h"
 #include "core/cuda/device_util.cuh"
-#include "core/cuda/ops_cuda.h"
 #include "core/cuda/stream.h"
+#include "optim/cuda/segment_ops_cuda.h"
 
-namespace st::cuda {
+namespace st::optim::cuda {
 
 namespace {
 
-using detail::from_f32;
-using detail::to_f32;
+// core/cuda/'s device helpers (st::optim::detail is the optimizer's own).
+namespace core_cuda = ::st::cuda::detail;
+using core_cuda::from_f32;
+using core_cuda::to_f32;
+using optim::detail::AdamWScalars;
+using ::st::cuda::compute_stream;
+using ::st::cuda::DeviceGuard;
 
 constexpr int kThreads = 256;
 constexpr int64_t kChunk = 8 * kThreads;
 // Enough blocks to fill any current GPU; more chunks go round the grid-stride loop.
 constexpr int64_t kMaxBlocks = 1024;
 
-int blocks_for_chunks(int64_t n) { return detail::grid_blocks(n, kChunk, kMaxBlocks); }
+int blocks_for_chunks(int64_t n) { return core_cuda::grid_blocks(n, kChunk, kMaxBlocks); }
 
 struct Range {
   int64_t begin;
@@ -76,7 +82,7 @@ __device__ __forceinline__ void for_each_in_ranges(const int32_t* table, int num
   }
 }
 
-// optim/adamw.cpp's adamw_kernel, statement for statement. The explicit
+// optim/segment_ops.cpp's adamw_kernel, statement for statement. The explicit
 // intrinsics pin every rounding: __fmaf_rn where the CPU calls std::fma, and
 // separately rounded products, sums, quotients and square roots elsewhere,
 // which nvcc may neither contract nor approximate.
@@ -139,16 +145,16 @@ __global__ void __launch_bounds__(kThreads)
     masked_sum_of_squares_kernel(const T* x, const int32_t* table, int num_ranges, int64_t n, double* partial) {
   SquareSumBody<T> body{x};
   for_each_in_ranges(table, num_ranges, n, body);
-  const double total = detail::block_sum_to_thread0<kThreads>(body.acc);
+  const double total = core_cuda::block_sum_to_thread0<kThreads>(body.acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
 // --- host side ------------------------------------------------------------------------
 
-// No dispatcher sits in front of these (the optimizer calls them directly),
-// so the checks that cost no device round trip live here. The table's
-// contents (sorted, disjoint, in bounds) are the caller's promise: reading
-// them would synchronise every step.
+// The dispatcher (optim/segment_ops.cpp) checks only what validate_segment
+// does, and the tests call these directly, so the operand checks that cost
+// no device round trip live here. The table's contents (sorted, disjoint, in
+// bounds) are the caller's promise: reading them would synchronise every step.
 void check_operand(const char* op, const char* name, const Tensor& t, const Tensor& like) {
   ST_CHECK(t.defined(), "{}: {} is an undefined tensor", op, name);
   ST_CHECK(t.device().is_cuda(), "{}: {} must be on a GPU, got {}", op, name, t.str());
@@ -169,7 +175,7 @@ int check_ranges(const char* op, const Tensor& ranges, const Tensor& x) {
 template <class Fn>
 void visit_float(const char* op, const Tensor& x, Fn&& fn) {
   ST_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "{}: x must be F32 or BF16, got {}", op, x.str());
-  detail::visit_float(x.dtype(), [&](auto type) { fn(detail::device_ptr<typename decltype(type)::type>(x)); });
+  core_cuda::visit_float(x.dtype(), [&](auto type) { fn(core_cuda::device_ptr<typename decltype(type)::type>(x)); });
 }
 
 }  // namespace
@@ -201,7 +207,7 @@ double masked_sum_of_squares(const Tensor& x, const Tensor& ranges) {
   DeviceGuard guard(device);
   cudaStream_t stream = compute_stream(device);
   const int blocks = blocks_for_chunks(n);
-  return detail::two_stage_sum<kThreads>(x.device(), blocks, stream, [&](double* partial) {
+  return core_cuda::two_stage_sum<kThreads>(x.device(), blocks, stream, [&](double* partial) {
     visit_float("masked_sum_of_squares", x, [&](auto* px) {
       masked_sum_of_squares_kernel<<<blocks, kThreads, 0, stream>>>(px, ranges.data<int32_t>(), num_ranges, n, partial);
       CUDA_CHECK_LAUNCH();
@@ -225,4 +231,4 @@ void masked_scale(const Tensor& x, const Tensor& ranges, float s) {
   });
 }
 
-}  // namespace st::cuda
+}  // namespace st::optim::cuda
