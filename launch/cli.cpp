@@ -2,8 +2,8 @@
 
 #include <sstream>
 
-#include "launch/config.h"
 #include "core/error.h"
+#include "launch/config.h"
 
 namespace st::launch {
 
@@ -14,24 +14,28 @@ bool is_positive_integer(const std::string& s) {
     if (c < '0' || c > '9') return false;
   return std::stoll(s) > 0;
 }
+
+/// One argument as flag and value: "--flag=value" (and "--set=k=v") carry
+/// their value inline; "--flag" alone takes the next argument, if it needs one.
+struct SplitArg {
+  std::string flag;
+  std::string value;
+  bool inline_value = false;
+};
+
+SplitArg split_arg(const std::string& arg) {
+  if (arg.starts_with("--set=")) return {"--set", arg.substr(6), true};
+  if (auto eq = arg.find('='); arg.starts_with("--") && eq != std::string::npos)
+    return {arg.substr(0, eq), arg.substr(eq + 1), true};
+  return {arg, "", false};
+}
 }  // namespace
 
 TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
   TrainerArgs args;
   // Accepts "--flag value" and "--flag=value" alike.
   for (size_t i = 0; i < argv.size(); ++i) {
-    std::string flag = argv[i];
-    std::string value;
-    bool inline_value = false;
-    if (auto eq = flag.find('='); flag.starts_with("--") && eq != std::string::npos && !flag.starts_with("--set=")) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-      inline_value = true;
-    } else if (flag.starts_with("--set=")) {
-      value = flag.substr(6);
-      flag = "--set";
-      inline_value = true;
-    }
+    const auto [flag, value, inline_value] = split_arg(argv[i]);
     auto take_value = [&]() -> std::string {
       if (inline_value) return value;
       ST_CHECK(i + 1 < argv.size(), "{} needs a value (see --help)", flag);
