@@ -23,6 +23,11 @@ packages=(
   nlohmann-json3-dev           # JSON: checkpoint indexes, metrics
   libgtest-dev                 # tests
   python3-torch python3-numpy  # numerical reference for tests (PyTorch 1.13, CPU, /usr/bin/python3)
+  libsentencepiece-dev         # tokenizer: data.tokenizer, prepare --train-tokenizer, generate
+  sentencepiece                # spm_train / spm_encode (tests: a model trained outside shardtrain)
+  python3-sentencepiece        # tests: the PyTorch generation reference decodes with it
+  librsvg2-bin                 # tests: rsvg-convert renders the plot's SVG
+  fortunes                     # docs/TUTORIAL.md's text: 2.5 MB of English in /usr/share/games/fortunes
 )
 
 missing=()
