@@ -32,13 +32,24 @@ int decade_of(double x) { return static_cast<int>(std::floor(std::log10(x) + 1e-
 // reads "0 5k 10k", never "0 5000 10k".
 enum class LabelStyle : uint8_t { Fixed, Si, Exponent };
 
-LabelStyle style_of(const Axis& axis) {
+// The SI prefix for numbers up to `max_abs` >= 1000: (1e3, "k"), (1e6, "M"), ...
+std::pair<double, const char*> si_prefix(double max_abs) {
+  constexpr std::pair<double, const char*> kSi[] = {{1e12, "T"}, {1e9, "G"}, {1e6, "M"}, {1e3, "k"}};
+  return *std::find_if(std::begin(kSi), std::end(kSi), [&](const auto& p) { return max_abs >= p.first; });
+}
+
+// `spacing` 0: a log axis's ticks. Thousands and more read "12k" while one
+// decimal after the prefix tells the ticks apart, else "150,010".
+LabelStyle style_of(const Axis& axis, double spacing) {
   double max_abs = 0, min_abs = std::numeric_limits<double>::infinity();
   for (double t : axis.ticks) {
     max_abs = std::max(max_abs, std::fabs(t));
     if (t != 0) min_abs = std::min(min_abs, std::fabs(t));
   }
-  if (max_abs >= 1e4) return LabelStyle::Si;
+  if (max_abs >= 1e4) {
+    const bool one_decimal = spacing == 0 || decade_of(si_prefix(max_abs).first) - decade_of(spacing) <= 1;
+    return one_decimal ? LabelStyle::Si : LabelStyle::Fixed;
+  }
   if (max_abs < 1e-2 || (axis.scale == AxisScale::Log && min_abs < 1e-2)) return LabelStyle::Exponent;
   return LabelStyle::Fixed;
 }
@@ -48,10 +59,9 @@ std::string tick_label(double v, double spacing, LabelStyle style, double max_ab
   if (v == 0) return "0";
   char buf[64];
   if (style == LabelStyle::Si) {
-    constexpr std::pair<double, const char*> kSi[] = {{1e12, "T"}, {1e9, "G"}, {1e6, "M"}, {1e3, "k"}};
-    const auto* si = std::find_if(std::begin(kSi), std::end(kSi), [&](const auto& p) { return max_abs >= p.first; });
-    const int digits = std::clamp(decade_of(si->first) - decade_of(spacing), 0, 3);
-    std::snprintf(buf, sizeof buf, "%.*f%s", digits, v / si->first, si->second);
+    const auto [div, prefix] = si_prefix(max_abs);
+    const int digits = std::clamp(decade_of(div) - decade_of(spacing), 0, 3);
+    std::snprintf(buf, sizeof buf, "%.*f%s", digits, v / div, prefix);
   } else if (style == LabelStyle::Exponent) {
     int e = decade_of(std::fabs(v));
     const int digits = std::clamp(e - decade_of(spacing), 0, 3);
@@ -61,6 +71,8 @@ std::string tick_label(double v, double spacing, LabelStyle style, double max_ab
       ++e;
     }
     std::snprintf(buf, sizeof buf, "%.*fe%d", digits, mantissa, e);
+  } else if (spacing >= 1 && std::fabs(v) >= 1e4) {
+    return with_commas(std::llround(v));
   } else {
     std::snprintf(buf, sizeof buf, "%.*f", std::clamp(-decade_of(spacing), 0, 6), v);
   }
@@ -69,7 +81,7 @@ std::string tick_label(double v, double spacing, LabelStyle style, double max_ab
 
 // Labels every tick; spacing 0 (a log axis's m x 10^k ticks) labels each to its own decade.
 void label_ticks(Axis& axis, double spacing) {
-  const LabelStyle style = style_of(axis);
+  const LabelStyle style = style_of(axis, spacing);
   double max_abs = 0;
   for (double t : axis.ticks) max_abs = std::max(max_abs, std::fabs(t));
   for (double t : axis.ticks) {
@@ -149,7 +161,7 @@ Axis log_axis(double lo, double hi, int max_ticks) {
     axis.ticks = log_ticks(axis.lo, axis.hi, kOne, every);
   }
   double spacing = 0;  // 0: each tick labelled to its own decade
-  if (axis.ticks.size() < 2) {
+  if (axis.ticks.size() < 3) {
     // Within a decade or so: the linear ticks read better.
     const Axis linear = linear_axis(lo, hi, max_ticks);
     axis.ticks.clear();

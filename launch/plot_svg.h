@@ -52,7 +52,7 @@ Axis linear_axis(double lo, double hi, int max_ticks = 6);
 /// A log axis over the data range [lo, hi] (0 < lo <= hi): the range padded by
 /// 2% of its decades; ticks at m x 10^k with m in 1..9, else in {1, 2, 5},
 /// else 1 (the densest set with at most `max_ticks`; every n-th decade when
-/// even that is too many), or the linear ticks when fewer than two fall inside.
+/// even that is too many), or the linear ticks when fewer than three fall inside.
 Axis log_axis(double lo, double hi, int max_ticks = 8);
 
 /// The SVG document. Throws st::Error when `runs` is empty, or when

@@ -58,6 +58,11 @@ TEST(PlotAxis, LabelsKeepOneStylePerAxis) {
   EXPECT_EQ(labels(linear_axis(0, 12000, 4)), (std::vector<std::string>{"0", "5k", "10k", "15k"}));
   EXPECT_EQ(labels(linear_axis(1.1e6, 1.6e6, 6)),
             (std::vector<std::string>{"1.1M", "1.2M", "1.3M", "1.4M", "1.5M", "1.6M"}));
+  EXPECT_EQ(labels(linear_axis(15000, 15500, 6)),
+            (std::vector<std::string>{"15.0k", "15.1k", "15.2k", "15.3k", "15.4k", "15.5k"}));
+  // Ticks close together far from 0: grouped digits, since "150.01k" would read badly.
+  EXPECT_EQ(labels(linear_axis(150000, 150030, 4)),
+            (std::vector<std::string>{"150,000", "150,010", "150,020", "150,030"}));
 }
 
 TEST(PlotAxis, LogTicks) {
@@ -68,7 +73,8 @@ TEST(PlotAxis, LogTicks) {
   EXPECT_GT(wide.hi, 60);
   // Too many decades for one tick each: every second decade, in exponents.
   EXPECT_EQ(labels(log_axis(1e-5, 1e3, 8)), (std::vector<std::string>{"1e-4", "1e-2", "1e0", "1e2"}));
-  // Within a decade with one m x 10^k inside: the linear ticks instead.
+  // Within a decade with fewer than three m x 10^k inside: the linear ticks instead.
+  EXPECT_EQ(labels(log_axis(3.1, 5.6, 8)), (std::vector<std::string>{"3.5", "4.0", "4.5", "5.0", "5.5"}));
   EXPECT_EQ(labels(log_axis(4.3, 5.6, 8)), (std::vector<std::string>{"4.4", "4.6", "4.8", "5.0", "5.2", "5.4", "5.6"}));
   EXPECT_EQ(labels(log_axis(2.2, 8.7, 8)), (std::vector<std::string>{"3", "4", "5", "6", "7", "8"}));
   EXPECT_NE(error_of([] { log_axis(0, 1); }).find("0 < lo <= hi"), std::string::npos);
