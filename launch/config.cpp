@@ -44,6 +44,10 @@ void visit_logging(LoggingConfig& l, const KeyVisitor& v) {
      "print where each step's time went (phases, GEMM, ops, collective waits) and a summary table at the end; "
      "same as --profile"},
     l.profile);
+  v({"plot",
+     "rank 0 redraws the plot program's four panels into logging.metrics_file + .svg at the end of the run and "
+     "every checkpoint.interval steps (every 100 logged steps when that is 0)"},
+    l.plot);
 }
 
 Schema schema_of(Config& c) {
@@ -91,6 +95,9 @@ void LoggingConfig::validate() const {
   require(interval >= 1, "logging.interval", interval, "a positive integer");
   require(in_choices(level, kLogLevels), "logging.level", level,
           format("one of {}{}", join(kLogLevels, " | "), did_you_mean(level, kLogLevels)));
+  require(!plot || !metrics_file.empty(), "logging.plot", plot,
+          "false while logging.metrics_file is empty: the plot is drawn from the metrics file, so set "
+          "logging.metrics_file too");
 }
 
 void Config::validate() const {

@@ -3,6 +3,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +21,32 @@ std::string seconds_str(double s) {
   if (s < 120) return format("{:.1f}s", s);
   if (s < 7200) return format("{}m{:.0f}s", static_cast<int64_t>(s / 60), std::fmod(s, 60.0));
   return format("{}h{}m", static_cast<int64_t>(s / 3600), static_cast<int64_t>(std::fmod(s, 3600.0) / 60));
+}
+
+// The numeric fields a metrics line may hold, as read back.
+struct FieldOf {
+  std::string_view key;
+  double MetricsRecord::*field;
+};
+constexpr FieldOf kReadFields[] = {{"loss", &MetricsRecord::loss},
+                                   {"val_loss", &MetricsRecord::val_loss},
+                                   {"lr", &MetricsRecord::lr},
+                                   {"grad_norm", &MetricsRecord::grad_norm},
+                                   {"tokens_per_s", &MetricsRecord::tokens_per_s},
+                                   {"samples_per_s", &MetricsRecord::samples_per_s}};
+
+// The start of a line, for an error message.
+std::string snippet(const std::string& line) { return line.size() > 60 ? line.substr(0, 60) + "..." : line; }
+
+// Overwrites `into`'s fields with those `line` has (null, as JSON writes a
+// NaN, counts as absent); `where` is "path:line".
+void merge_fields(const nlohmann::json& line, MetricsRecord& into, const std::string& where) {
+  for (const FieldOf& f : kReadFields) {
+    const auto it = line.find(f.key);
+    if (it == line.end() || it->is_null()) continue;
+    ST_CHECK(it->is_number(), "{}: \"{}\" is {}, not a number", where, f.key, it->dump());
+    into.*f.field = it->get<double>();
+  }
 }
 
 }  // namespace
@@ -59,6 +90,43 @@ void MetricsFile::append(const StepMetrics& m) {
   std::string line = format_step_json(m) + "\n";
   ST_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0,
            "cannot write logging.metrics_file '{}': {}", path_, std::strerror(errno));
+}
+
+MetricsLog parse_metrics(std::string_view text, std::string_view source) {
+  std::map<int64_t, MetricsRecord> by_step;
+  MetricsLog log;
+  std::istringstream in{std::string(text)};
+  int64_t line_no = 0;
+  int64_t previous = std::numeric_limits<int64_t>::min();
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = format("{}:{}", source, line_no);
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ST_CHECK(j.is_object(), "{}: not a JSON object (a metrics file holds one per line): {}", where, snippet(line));
+    const auto step = j.find("step");
+    ST_CHECK(step != j.end() && step->is_number_integer(), "{}: no integer \"step\" in {}", where, snippet(line));
+    MetricsRecord& record = by_step[step->get<int64_t>()];
+    record.step = step->get<int64_t>();
+    merge_fields(j, record, where);
+    if (record.step < previous) log.restarts.push_back(record.step);
+    previous = record.step;
+  }
+  ST_CHECK(!by_step.empty(), "{}: no steps (an empty metrics file)", source);
+  for (auto& [step, record] : by_step) log.records.push_back(record);
+  return log;
+}
+
+MetricsLog read_metrics_file(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  ST_CHECK(std::filesystem::exists(status), "metrics file '{}' does not exist", path);
+  ST_CHECK(!std::filesystem::is_directory(status), "metrics file '{}' is a directory", path);
+  std::ifstream in(path, std::ios::binary);
+  ST_CHECK(in.is_open(), "cannot open metrics file '{}': {}", path, std::strerror(errno));
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  ST_CHECK(!in.bad(), "cannot read metrics file '{}': {}", path, std::strerror(errno));
+  return parse_metrics(text, path);
 }
 
 }  // namespace st::launch

@@ -3,7 +3,10 @@
 // `logging.metrics_file` (one per logged step).
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace st::launch {
 
@@ -42,5 +45,36 @@ class MetricsFile {
   std::string path_;
   std::FILE* file_ = nullptr;
 };
+
+/// One step of a metrics file as read back; NaN for a field its lines lack
+/// (val_loss is on evaluation steps only, tokens_per_s on models with tokens only).
+struct MetricsRecord {
+  static constexpr double kAbsent = std::numeric_limits<double>::quiet_NaN();
+  int64_t step = 0;
+  double loss = kAbsent;
+  double val_loss = kAbsent;
+  double lr = kAbsent;
+  double grad_norm = kAbsent;
+  double tokens_per_s = kAbsent;
+  double samples_per_s = kAbsent;
+};
+
+/// A metrics file read back.
+struct MetricsLog {
+  std::vector<MetricsRecord> records;  // one per step, ascending
+  std::vector<int64_t> restarts;       // the step of each line whose step is below the line before it
+};
+
+/// Reads a metrics file (the reader of what MetricsFile appends). A run
+/// resumed from a checkpoint older than its last logged step appends the
+/// steps it redoes, so the steps go back: that line's step is a restart, and
+/// for a step logged more than once each field takes its value from the last
+/// line that has it (the later run wins). Blank lines are skipped. Errors name
+/// "path:line" for a line that is not a JSON object, lacks an integer "step"
+/// or has a field that is not a number; a file that cannot be read or holds
+/// no step is an error naming the file.
+MetricsLog read_metrics_file(const std::string& path);
+/// The same from the file's text; `source` stands for the path in errors.
+MetricsLog parse_metrics(std::string_view text, std::string_view source);
 
 }  // namespace st::launch

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -12,6 +13,7 @@
 
 #include <unistd.h>
 
+#include "checkpoint/fs.h"
 #include "core/cpu/ops_cpu.h"
 #include "core/cpu/parallel.h"
 #include "core/cuda/cuda_runtime.h"
@@ -23,6 +25,7 @@
 #include "launch/data.h"
 #include "launch/flops.h"
 #include "launch/metrics.h"
+#include "launch/plot_svg.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 
@@ -238,6 +241,15 @@ class Trainer {
   // After a stop ended step `done` + 1 between micro-batches.
   void save_after_stop(int64_t done);
 
+  // logging.plot's cadence after step `done` + 1: every checkpoint.interval
+  // steps, or every 100 logged steps when that is 0 (finish() draws the last).
+  bool plot_due(int64_t done) const;
+  // Rank 0, with logging.plot: redraws logging.metrics_file + ".svg" from the
+  // whole metrics file (earlier runs' lines too), replaced atomically; returns
+  // whether it did. Not collective, so a plot that cannot be drawn is a
+  // warning, never the end of the run.
+  bool refresh_plot();
+
   const Config& config_;
   const TrainConfig& tc_;
   ProcessGroup& world_;
@@ -302,6 +314,7 @@ TrainResult Trainer::run() {
     const bool logged = report(done, *stats, step_start);
     save(done);
     run_profile_->end(logged);
+    if (plot_due(done) && done + 1 < last_step_) refresh_plot();
   }
   return finish();
 }
@@ -566,6 +579,7 @@ bool Trainer::report(int64_t done, const StepStats& stats, Clock::time_point ste
 TrainResult Trainer::finish() {
   checkpointer_->wait();
   run_profile_->summary();
+  if (refresh_plot()) log_.info0("plot: {}.svg (build/plot draws several runs together)", config_.logging.metrics_file);
   if (last_step_ < tc_.steps) {
     log_.info0("stopped after step {} of {} ({}){}", last_step_, tc_.steps,
                terminated_ ? signal_name(stop_signal_) : std::string_view("--stop-after"),
@@ -611,6 +625,26 @@ void Trainer::save_after_stop(int64_t done) {
   last_step_ = done;
   if (!config_.checkpoint.dir.empty() && last_saved_ < done && done > first_step_) {
     checkpointer_->save(done, consumed_);
+  }
+}
+
+bool Trainer::plot_due(int64_t done) const {
+  if (!config_.logging.plot) return false;
+  const int64_t interval = config_.checkpoint.interval;
+  return (done + 1) % (interval > 0 ? interval : 100 * config_.logging.interval) == 0;
+}
+
+bool Trainer::refresh_plot() {
+  if (!config_.logging.plot || world_.rank() != 0) return false;
+  const std::string& metrics = config_.logging.metrics_file;
+  try {
+    const PlotRun run{std::filesystem::path(metrics).stem().string(), read_metrics_file(metrics)};
+    checkpoint::write_file_atomic(metrics + ".svg", render_svg(std::span(&run, 1)));
+    return true;
+  } catch (const Error& e) {
+    // Only rank 0 draws: throwing would leave the other ranks waiting in a collective.
+    log_.warn0("logging.plot: {}.svg not redrawn: {}", metrics, e.message());
+    return false;
   }
 }
 

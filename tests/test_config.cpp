@@ -491,6 +491,15 @@ TEST(Config, ValidateNamesTheKey) {
   EXPECT_EQ(validate_error([](Config& c) { c.logging.level = "wran"; }),
             "invalid value wran for 'logging.level': expected one of debug | info | warn | error; "
             "did you mean 'warn'?");
+  // The plot is drawn from the metrics file: logging.plot without it names both keys.
+  EXPECT_EQ(validate_error([](Config& c) { c.logging.plot = true; }),
+            "invalid value true for 'logging.plot': expected false while logging.metrics_file is empty: the plot is "
+            "drawn from the metrics file, so set logging.metrics_file too");
+  EXPECT_EQ(validate_error([](Config& c) {
+              c.logging.plot = true;
+              c.logging.metrics_file = "m.jsonl";
+            }),
+            "<no error>");
   // The toy model has fixed shapes, so llama dimensions are not checked for it.
   EXPECT_EQ(validate_error([](Config& c) {
               c.model.name = "toy";
@@ -542,8 +551,8 @@ TEST(Config, ToYamlRoundTrips) {
 
 TEST(Config, ConfigKeysCoverEveryKeyOnce) {
   const std::vector<ConfigKeyDoc> keys = config_keys();
-  // 12 model + 7 train + 3 data + 11 optim + 12 fsdp + 8 checkpoint + 4 logging (+ the rest).
-  EXPECT_EQ(keys.size(), 59u);
+  // 12 model + 7 train + 3 data + 11 optim + 12 fsdp + 8 checkpoint + 5 logging (+ the rest).
+  EXPECT_EQ(keys.size(), 60u);
   std::set<std::string> names;
   for (const ConfigKeyDoc& k : keys) {
     EXPECT_TRUE(names.insert(k.key).second) << "duplicate " << k.key;
