@@ -240,7 +240,7 @@ void add_directory(const fs::path& dir, const fs::path& skip, Inputs& inputs) {
     if (!it->is_regular_file()) continue;
     const size_t bytes = static_cast<size_t>(it->file_size());
     if (bytes == 0 || !looks_like_text(p)) {
-      if (inputs.skipped++ == 0) inputs.first_skipped = p.string();
+      if (inputs.skipped++ == 0 || p.string() < inputs.first_skipped) inputs.first_skipped = p.string();
       continue;
     }
     found.push_back({p, bytes});
@@ -474,12 +474,14 @@ class Progress {
   explicit Progress(size_t total) : total_(total), tty_(::isatty(STDERR_FILENO) == 1), start_(Clock::now()) {}
 
   void update(size_t done) {
+    if (finished_) return;
+    finished_ = done == total_;
     const auto now = Clock::now();
     if (tty_) {
-      if (done < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+      if (!finished_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
       last_draw_ = now;
       std::fprintf(stderr, "\r%s", line(done, now).c_str());
-      if (done == total_) std::fputc('\n', stderr);
+      if (finished_) std::fputc('\n', stderr);
     } else {
       const int tenth = total_ == 0 ? 10 : static_cast<int>(10 * done / total_);
       if (tenth <= printed_tenth_) return;
@@ -517,6 +519,7 @@ class Progress {
   Clock::time_point start_;
   Clock::time_point last_draw_{};
   int printed_tenth_ = 0;
+  bool finished_ = false;  // the 100% line is out
 };
 
 // ---------------------------------------------------------------------------
@@ -533,6 +536,8 @@ struct Encoded {
   std::vector<int32_t> ids;  // with BOS before a file's first piece and EOS after its last
   size_t bytes = 0;          // text bytes of the piece
   int64_t unknown = 0, byte_fallback = 0;
+  int64_t line_ends =
+      0;  // byte-fallback tokens that are '\n' (SentencePiece trains on lines, so LLaMA's has no piece for it)
 };
 
 std::vector<Piece> plan_pieces(const std::vector<InputFile>& files, const Tokenizer& tokenizer) {
@@ -562,6 +567,7 @@ Encoded encode_piece(const Piece& p, const std::vector<InputFile>& files, const 
     const st::launch::TokenKind kind = tokenizer.kind(id);
     e.unknown += kind == st::launch::TokenKind::Unknown ? 1 : 0;
     e.byte_fallback += kind == st::launch::TokenKind::Byte ? 1 : 0;
+    e.line_ends += kind == st::launch::TokenKind::Byte && tokenizer.decode_piece(id) == "\n" ? 1 : 0;
   }
   return e;
 }
@@ -639,7 +645,7 @@ class OrderedEncoder {
 // The run.
 
 struct Totals {
-  int64_t tokens = 0, unknown = 0, byte_fallback = 0;
+  int64_t tokens = 0, unknown = 0, byte_fallback = 0, line_ends = 0;
   int64_t train_shards = 0, val_shards = 0;
   int64_t train_tokens = 0, val_tokens = 0;
   double seconds = 0;
@@ -664,6 +670,7 @@ Totals encode_inputs(const PrepareArgs& a, const Inputs& inputs, const Tokenizer
       t.tokens += n;
       t.unknown += e.unknown;
       t.byte_fallback += e.byte_fallback;
+      t.line_ends += e.line_ends;
       const auto val_total = static_cast<int64_t>(std::llround(a.val_fraction * static_cast<double>(t.tokens)));
       const int64_t to_val = std::clamp<int64_t>(val_total - val.tokens(), 0, n);
       const std::span<const int32_t> ids(e.ids);
@@ -696,7 +703,7 @@ void print_summary(const PrepareArgs& a, const Inputs& inputs, const Tokenizer& 
     std::printf("  skipped %lld file(s) that are empty or not UTF-8 text, e.g. %s\n",
                 static_cast<long long>(inputs.skipped), inputs.first_skipped.c_str());
   if (inputs.duplicates > 0)
-    std::printf("  read %lld file(s) reached twice (symlinks, repeated inputs) once\n",
+    std::printf("  read once: %lld file(s) reached a second time (symlinks, repeated inputs)\n",
                 static_cast<long long>(inputs.duplicates));
   std::printf("  train: %s tokens in %lld shard(s), %s/train_*.bin\n", with_commas(t.train_tokens).c_str(),
               static_cast<long long>(t.train_shards), (out / "train").string().c_str());
@@ -708,9 +715,11 @@ void print_summary(const PrepareArgs& a, const Inputs& inputs, const Tokenizer& 
     std::printf("  tokens: bytes (vocabulary 256, %s)\n", width.c_str());
   } else {
     std::printf(
-        "  tokenizer: %s (SentencePiece, vocabulary %lld, %s); unknown %.3f%%, byte fallback %.3f%% of tokens\n",
+        "  tokenizer: %s (SentencePiece, vocabulary %lld, %s); of the tokens: unknown %.3f%%, byte fallback "
+        "%.3f%% (line ends '\\n' %.3f%%)\n",
         (out / st::launch::kTokenizerModelName).string().c_str(), static_cast<long long>(tokenizer.vocab_size()),
-        width.c_str(), percent(t.unknown, t.tokens), percent(t.byte_fallback, t.tokens));
+        width.c_str(), percent(t.unknown, t.tokens), percent(t.byte_fallback, t.tokens),
+        percent(t.line_ends, t.tokens));
   }
   std::string hint = format("--set data.kind=tokens --set data.path={}", (out / "train").string());
   if (t.val_shards > 0) hint += format(" --set data.val_path={}", (out / "val").string());

@@ -112,7 +112,7 @@ def check_shards(prepare, tmp):
     out1 = os.path.join(tmp, "out1")
     log = run(prepare_cmd(prepare, src, out1, "--train-tokenizer", "--vocab-size", str(VOCAB),
                           "--val-fraction", "0.1", "--threads", "2"))
-    for text in ["skipped 2 file(s)", "read 1 file(s) reached twice", "unknown 0.000%", "byte fallback",
+    for text in ["skipped 2 file(s)", "read once: 1 file(s) reached a second time", "unknown 0.000%", "byte fallback",
                  f"--set model.vocab_size={VOCAB}"]:
         if text not in log:
             sys.stderr.write(log)
