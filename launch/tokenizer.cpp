@@ -147,8 +147,12 @@ std::string read_file(const std::string& path) {
 std::unique_ptr<spm::SentencePieceProcessor> processor_of(std::string_view proto, const std::string& path) {
   auto sp = std::make_unique<spm::SentencePieceProcessor>();
   const spm::util::Status status = sp->LoadFromSerializedProto(proto);
-  ST_CHECK(status.ok() && sp->GetPieceSize() > 0, "tokenizer '{}' is not a SentencePiece model ({})", path,
-           status.ok() ? std::string("no pieces") : status.ToString());
+  // A file that does not parse gets SentencePiece's internal source line as
+  // its message: say what it means instead.
+  const bool parsed = status.ok() || status.code() != spm::util::StatusCode::kInternal;
+  ST_CHECK(parsed, "tokenizer '{}' is not a SentencePiece model: its {} bytes do not parse as one", path, proto.size());
+  ST_CHECK(status.ok() && sp->GetPieceSize() > 0, "tokenizer '{}' is not a usable SentencePiece model: {}", path,
+           status.ok() ? std::string("it has no pieces") : std::string(status.message()));
   return sp;
 }
 

@@ -126,10 +126,8 @@ TEST(TokenizerLoad, ErrorsNameTheFile) {
             "tokenizer '" + dir.string() + "' is a directory; expected a SentencePiece tokenizer.model");
   const fs::path text = dir / "notes.txt";
   write_text(text, "this is not a model\n");
-  EXPECT_EQ(error_of([&] {
-              Tokenizer::load(text.string());
-            }).rfind("tokenizer '" + text.string() + "' is not a SentencePiece model (", 0),
-            0u);
+  EXPECT_EQ(error_of([&] { Tokenizer::load(text.string()); }),
+            "tokenizer '" + text.string() + "' is not a SentencePiece model: its 20 bytes do not parse as one");
   fs::remove_all(dir);
 }
 
