@@ -119,7 +119,8 @@ struct RunOptions {
   int64_t keep_last = 0;  // retention (commit.h, apply_retention); <= 0 keeps all
 };
 
-/// A small file written beside the tensors of a checkpoint (e.g. config.json).
+/// A small file written beside the tensors of a checkpoint (config.json,
+/// tokenizer.model): written as is, so `text` may hold any bytes.
 struct ExtraFile {
   std::string name;
   std::string text;

@@ -13,6 +13,8 @@
 #include "checkpoint/commit.h"
 #include "checkpoint/fs.h"
 #include "core/error.h"
+#include "launch/data.h"
+#include "launch/tokenizer.h"
 #include "models/hf_config.h"
 #include "models/model.h"
 
@@ -53,6 +55,17 @@ checkpoint::TrainerState trainer_state_of(const Config& config, int64_t step, in
                                          optim::learning_rate(config.optim, step, config.train.steps)};
   s.config_yaml = to_yaml(config);
   return s;
+}
+
+// data.tokenizer as Hugging Face keeps it beside a LLaMA model: the model
+// file itself and the LlamaTokenizer settings (none without data.tokenizer).
+std::vector<checkpoint::ExtraFile> tokenizer_files(const Config& config) {
+  const std::optional<Tokenizer> tokenizer = load_data_tokenizer(config);
+  if (!tokenizer) return {};
+  return {
+      {std::string(kTokenizerModelName), tokenizer->model_bytes()},
+      {std::string(kTokenizerConfigName), hf_tokenizer_config_json(*tokenizer, config.model.max_position_embeddings)},
+      {std::string(kSpecialTokensMapName), hf_special_tokens_map_json(*tokenizer)}};
 }
 
 [[noreturn]] void throw_misfit(const std::string& message) { throw checkpoint::Misfit(message, __FILE__, __LINE__); }
@@ -105,6 +118,7 @@ Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, opti
   if (unified && !skip_model) per_param += static_cast<int64_t>(dtype_size(dtype));
   if (!unified || checkpoint::unified_needs_master_files(!skip_model, dtype)) per_param += 4;
   checkpoint::check_free_space(c.dir, per_param * num_parameters, world_, log_);
+  tokenizer_files_ = tokenizer_files(config);
 }
 
 Checkpointer::~Checkpointer() = default;
@@ -118,6 +132,7 @@ void Checkpointer::save(int64_t step, int64_t consumed) {
   if (const auto hf_config = models::model_spec(config_.model.name).hf_config)
     extra.push_back({std::string(models::kHfConfigName),
                      hf_config(config_.model, models::hf_torch_dtype(bf16_model_files ? DType::BF16 : DType::F32))});
+  extra.insert(extra.end(), tokenizer_files_.begin(), tokenizer_files_.end());
   saver_->save(training_state(model_, optimizer_, true), std::move(state), std::move(extra));
 }
 

@@ -2,20 +2,22 @@
 // The trainer's checkpoints: master weights and optimizer state of every rank
 // as StateEntry lists, saved in the unified (Hugging Face) or sharded layout,
 // synchronously or in a background thread, committed atomically
-// (checkpoint/commit.h), with config.json and trainer_state.json beside them;
-// and the way back: --resume and checkpoint.init_from.
+// (checkpoint/commit.h), with config.json, trainer_state.json and the
+// tokenizer (data.tokenizer) beside them, so that a unified checkpoint is a
+// complete Hugging Face LLaMA directory; and the way back: --resume and checkpoint.init_from.
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/dir_guard.h"
 #include "checkpoint/state.h"
 #include "core/comm.h"
-#include "launch/config.h"
 #include "core/log.h"
 #include "fsdp/fsdp.h"
+#include "launch/config.h"
 #include "optim/optimizer.h"
 
 namespace st::launch {
@@ -110,6 +112,9 @@ class Checkpointer {
   ProcessGroup& world_;
   Logger& log_;
   std::optional<checkpoint::Saver> saver_;  // when checkpoint.dir is set
+  // data.tokenizer's tokenizer.model (byte for byte), tokenizer_config.json and
+  // special_tokens_map.json, written into every checkpoint beside config.json.
+  std::vector<checkpoint::ExtraFile> tokenizer_files_;
 };
 
 }  // namespace st::launch

@@ -25,10 +25,16 @@ void visit_train(TrainConfig& t, const KeyVisitor& v) {
 }
 
 void visit_data(DataConfig& d, const KeyVisitor& v) {
-  v({"kind", "synthetic (seeded learnable Markov-chain tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)"},
+  v({"kind",
+     "synthetic (seeded learnable Markov-chain tokens) | text (UTF-8: bytes, or data.tokenizer's tokens) | tokens "
+     "(uint16/uint32 .bin)"},
     d.kind);
   v({"path", "file or directory for text/tokens; unused for synthetic"}, d.path);
   v({"token_dtype", "token width of headerless tokens files (llm.c shards give their own)"}, d.token_dtype);
+  v({"tokenizer",
+     "SentencePiece tokenizer.model (text/tokens): encodes data.kind text instead of bytes; its vocabulary must "
+     "equal model.vocab_size; checkpoints hold a copy"},
+    d.tokenizer);
 }
 
 void visit_comm(CommConfig& c, const KeyVisitor& v) {
@@ -84,6 +90,8 @@ void TrainConfig::validate() const {
 void DataConfig::validate() const {
   require(kind == DataKind::Synthetic || !path.empty(), "data.path", path,
           format("a file or directory (required when data.kind is {})", to_string(kind)));
+  require(tokenizer.empty() || kind != DataKind::Synthetic, "data.tokenizer", tokenizer,
+          "empty with data.kind synthetic (a tokenizer is for data.kind text or tokens)");
 }
 
 void CommConfig::validate() const {

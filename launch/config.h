@@ -51,9 +51,10 @@ struct TrainConfig {
 };
 
 struct DataConfig {
-  DataKind kind = DataKind::Synthetic;  // synthetic (seeded learnable Markov-chain tokens) | text (UTF-8 bytes) | tokens (uint16/uint32 .bin)
+  DataKind kind = DataKind::Synthetic;  // synthetic (seeded learnable Markov-chain tokens) | text (UTF-8: bytes, or data.tokenizer's tokens) | tokens (uint16/uint32 .bin)
   std::string path;                     // file or directory for text/tokens; unused for synthetic
   TokenDType token_dtype = TokenDType::U16;  // token width of headerless tokens files (llm.c shards give their own)
+  std::string tokenizer;                // SentencePiece tokenizer.model (text/tokens): encodes data.kind text instead of bytes; its vocabulary must equal model.vocab_size; checkpoints hold a copy
 
   void validate() const;
   bool operator==(const DataConfig&) const = default;

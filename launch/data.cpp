@@ -3,21 +3,15 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <system_error>
 #include <utility>
-
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "core/format.h"
 #include "core/hash.h"
+#include "launch/mapped_file.h"
 #include "models/toy.h"
 
 // Everything random here is a counter-based hash of (seed, domain tag,
@@ -106,51 +100,6 @@ void check_row(const Tensor& row, DType dtype, int64_t numel, std::string_view w
            row.defined() ? row.str() : std::string("an undefined tensor"));
 }
 
-// ---------------------------------------------------------------------------
-// A read-only memory map of a whole non-empty file: token files can be far
-// larger than memory, and only the sampled windows are ever paged in.
-
-class MappedFile {
- public:
-  MappedFile(const fs::path& path, std::string_view what) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    ST_CHECK(fd >= 0, "cannot open {} file '{}': {}", what, path.string(), errno_text());
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const std::string reason = errno_text();
-      ::close(fd);
-      ST_FAIL("cannot stat {} file '{}': {}", what, path.string(), reason);
-    }
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      const std::string reason = p == MAP_FAILED ? errno_text() : std::string();
-      ::close(fd);  // the mapping keeps the file alive
-      ST_CHECK(p != MAP_FAILED, "cannot map {} file '{}' ({} bytes): {}", what, path.string(), size_, reason);
-      data_ = static_cast<const unsigned char*>(p);
-    } else {
-      ::close(fd);
-    }
-  }
-  MappedFile(MappedFile&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
-  MappedFile& operator=(MappedFile&&) = delete;
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), size_);
-  }
-
-  const unsigned char* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  static std::string errno_text() { return std::error_code(errno, std::generic_category()).message(); }
-
-  const unsigned char* data_ = nullptr;
-  size_t size_ = 0;
-};
-
 uint32_t read_u32_le(const unsigned char* p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
          static_cast<uint32_t>(p[3]) << 24;
@@ -223,6 +172,14 @@ class SyntheticDataset final : public Dataset {
 // ---------------------------------------------------------------------------
 // text
 
+MappedFile open_text_file(const std::string& path) {
+  ST_CHECK(fs::exists(path), "text file '{}' (data.path) does not exist", path);
+  ST_CHECK(!fs::is_directory(path), "text file '{}' (data.path) is a directory; data.kind text reads one file", path);
+  MappedFile file(path, "text");
+  ST_CHECK(file.size() > 0, "text file '{}' is empty", path);
+  return file;
+}
+
 class TextDataset final : public Dataset {
  public:
   TextDataset(const std::string& path, int64_t vocab_size, int64_t seq_len)
@@ -253,10 +210,7 @@ class TextDataset final : public Dataset {
              "data.kind text uses byte-level tokens (256 values) but model.vocab_size is {}; set model.vocab_size "
              "to at least 256",
              vocab_size);
-    ST_CHECK(fs::exists(path), "text file '{}' (data.path) does not exist", path);
-    ST_CHECK(!fs::is_directory(path), "text file '{}' (data.path) is a directory; data.kind text reads one file", path);
-    MappedFile file(path, "text");
-    ST_CHECK(file.size() > 0, "text file '{}' is empty", path);
+    MappedFile file = open_text_file(path);
     ST_CHECK(windows_in(static_cast<int64_t>(file.size()), seq_len) > 0,
              "text file '{}' has {} bytes, too short for one sample: train.seq_len {} needs at least {} bytes", path,
              file.size(), seq_len, seq_len + 1);
@@ -268,12 +222,56 @@ class TextDataset final : public Dataset {
   int64_t seq_len_;
 };
 
+// data.kind text with data.tokenizer: the file encoded once (one document),
+// its tokens tiled like the bytes above.
+class EncodedTextDataset final : public Dataset {
+ public:
+  EncodedTextDataset(const std::string& path, const Tokenizer& tokenizer, int64_t seq_len)
+      : path_(path), tokenizer_path_(tokenizer.path()), vocab_(tokenizer.vocab_size()), seq_len_(seq_len) {
+    const MappedFile file = open_text_file(path);
+    bytes_ = file.size();
+    tokens_ = encode_document(tokenizer, file.text(), kEncodeThreads);
+    ST_CHECK(size() > 0,
+             "text file '{}' encodes to {} tokens with data.tokenizer '{}', too short for one sample: train.seq_len "
+             "{} needs at least {} tokens",
+             path, tokens_.size(), tokenizer_path_, seq_len, seq_len + 1);
+  }
+
+  int64_t size() const override { return windows_in(static_cast<int64_t>(tokens_.size()), seq_len_); }
+
+  void get(int64_t index, const Tensor& input_row, const Tensor& target_row) const override {
+    check_row(input_row, DType::I32, seq_len_, "input", "text");
+    check_row(target_row, DType::I32, seq_len_, "target", "text");
+    std::span<int32_t> in = input_row.span<int32_t>();
+    std::span<int32_t> tgt = target_row.span<int32_t>();
+    const int32_t* window = tokens_.data() + index * seq_len_;
+    std::copy(window, window + seq_len_, in.begin());
+    std::copy(window + 1, window + seq_len_ + 1, tgt.begin());
+  }
+
+  std::string describe() const override {
+    return format("text {}: {}, {} tokens of {} (vocab {}), {} samples of {} tokens", path_,
+                  human_bytes(static_cast<int64_t>(bytes_)), with_commas(static_cast<int64_t>(tokens_.size())),
+                  tokenizer_path_, with_commas(vocab_), with_commas(size()), seq_len_);
+  }
+
+ private:
+  static constexpr int kEncodeThreads = 4;  // start-up only; the result does not depend on it
+
+  std::string path_;
+  std::string tokenizer_path_;
+  int64_t vocab_;
+  int64_t seq_len_;
+  size_t bytes_ = 0;
+  std::vector<int32_t> tokens_;
+};
+
 // ---------------------------------------------------------------------------
 // tokens
 
-constexpr uint32_t kMagicGpt2 = 20240520;    // llm.c: uint16 tokens
-constexpr uint32_t kMagicLlama3 = 20240801;  // llm.c: uint32 tokens
-constexpr size_t kHeaderBytes = 256 * sizeof(int32_t);
+constexpr uint32_t kMagicGpt2 = kLlmcMagicU16;
+constexpr uint32_t kMagicLlama3 = kLlmcMagicU32;
+constexpr size_t kHeaderBytes = kLlmcHeaderBytes;
 
 struct TokenShard {
   std::string path;
@@ -536,12 +534,26 @@ std::unique_ptr<Dataset> make_dataset(const Config& config) {
   ST_CHECK(vocab > 0 && vocab <= std::numeric_limits<int32_t>::max(),
            "invalid value {} for 'model.vocab_size': expected 1 to {} (tokens are int32)", vocab,
            std::numeric_limits<int32_t>::max());
+  // Checked against model.vocab_size before any data is read.
+  const std::optional<Tokenizer> tokenizer = load_data_tokenizer(config);
   switch (data.kind) {
     case DataKind::Synthetic: return std::make_unique<SyntheticDataset>(seed, vocab, seq_len);
-    case DataKind::Text: return std::make_unique<TextDataset>(data.path, vocab, seq_len);
+    case DataKind::Text:
+      if (tokenizer) return std::make_unique<EncodedTextDataset>(data.path, *tokenizer, seq_len);
+      return std::make_unique<TextDataset>(data.path, vocab, seq_len);
     case DataKind::Tokens: return std::make_unique<TokensDataset>(data.path, data.token_dtype, vocab, seq_len);
   }
   ST_FAIL("unknown data.kind {}", static_cast<int>(data.kind));
+}
+
+std::optional<Tokenizer> load_data_tokenizer(const Config& config) {
+  if (config.data.tokenizer.empty()) return std::nullopt;
+  Tokenizer tokenizer = Tokenizer::load(config.data.tokenizer);
+  ST_CHECK(tokenizer.vocab_size() == config.model.vocab_size,
+           "data.tokenizer '{}' has a vocabulary of {} tokens but model.vocab_size is {}; they must be equal (set "
+           "model.vocab_size: {})",
+           config.data.tokenizer, tokenizer.vocab_size(), config.model.vocab_size, tokenizer.vocab_size());
+  return tokenizer;
 }
 
 // ---------------------------------------------------------------------------

@@ -8,12 +8,14 @@
 // size therefore sees the same global batches in the same order.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "launch/config.h"
 #include "core/tensor.h"
+#include "launch/config.h"
+#include "launch/tokenizer.h"
 
 namespace st::launch {
 
@@ -39,6 +41,13 @@ class Dataset {
     return {};
   }
 };
+
+/// llm.c token shards (what data.kind tokens reads and prepare writes): a
+/// header of 256 little-endian int32 (magic, version, token count), then the
+/// tokens, little-endian, of the width the magic names.
+inline constexpr uint32_t kLlmcMagicU16 = 20240520;  // uint16 tokens (llm.c's GPT-2 shards, version 1)
+inline constexpr uint32_t kLlmcMagicU32 = 20240801;  // uint32 tokens (llm.c's LLaMA 3 shards, version 7)
+inline constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
 
 /// Samples per epoch of the generated datasets: synthetic token sequences
 /// (large enough that a short run never repeats one) and toy features.
@@ -67,7 +76,9 @@ ToyTeacher toy_teacher(uint64_t seed);
 ///   of (s, i) alone.
 /// text: the file's bytes are the tokens (vocab 256); sample i is bytes
 ///   [i*seq_len, i*seq_len + seq_len + 1), so samples tile the file and
-///   (len - 1) / seq_len of them fit.
+///   (len - 1) / seq_len of them fit. With data.tokenizer the file is encoded
+///   once at start-up as one document (encode_document: BOS, ids, EOS) and
+///   its tokens are tiled the same way.
 /// tokens: a file or a directory of *.bin files (sorted by name). A file is an
 ///   llm.c shard when it starts with a 1024-byte header of int32 (magic
 ///   20240520: uint16 tokens, 20240801: uint32 tokens; version; token count),
@@ -77,6 +88,10 @@ ToyTeacher toy_teacher(uint64_t seed);
 ///   token >= model.vocab_size is found by find_bad_token() at start-up.
 /// toy (model.name toy): inputs uniform in [0, 1), targets from toy_teacher(seed).
 std::unique_ptr<Dataset> make_dataset(const Config& config);
+
+/// data.tokenizer loaded, or nullopt when it is empty. A vocabulary that
+/// differs from model.vocab_size is an error naming the file and both sizes.
+std::optional<Tokenizer> load_data_tokenizer(const Config& config);
 
 /// Sample indices (into the dataset) of the `count` samples at positions
 /// [first, first + count) of the infinite stream: epoch e = position / size

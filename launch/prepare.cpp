@@ -1,0 +1,765 @@
+// prepare: a folder of text in, a tokenizer and llm.c token shards out (issue 15).
+//
+//   prepare INPUT... --out DIR [--tokenizer PATH | --train-tokenizer --vocab-size N]
+//           [--val-fraction F] [--threads N] [--shard-tokens N] [--tokenizer-sentences N] [--overwrite]
+//
+// Writes DIR/train/train_000000.bin ..., DIR/val/val_000000.bin ... (llm.c
+// shards: data.kind tokens, data.path DIR/train) and DIR/tokenizer.model
+// (trained, or a copy of --tokenizer; none for byte-level tokens). Each
+// input file is one document: BOS, its tokens, EOS (encode_document). The
+// output is the same for any --threads.
+//
+// Exit codes: 0 success, 1 an error (one line on stderr), 2 an internal error.
+// Only main() catches st::Error.
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include "checkpoint/fs.h"
+#include "core/error.h"
+#include "core/format.h"
+#include "launch/data.h"
+#include "launch/mapped_file.h"
+#include "launch/tokenizer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using st::format;
+using st::human_bytes;
+using st::with_commas;
+using st::launch::Tokenizer;
+
+// ---------------------------------------------------------------------------
+// Command line.
+
+struct PrepareArgs {
+  bool help = false;
+  std::vector<std::string> inputs;  // files and directories (searched recursively)
+  std::string out;                  // --out
+  std::string tokenizer;            // --tokenizer PATH
+  bool train_tokenizer = false;     // --train-tokenizer
+  int64_t vocab_size = 0;           // --vocab-size (with --train-tokenizer)
+  int64_t tokenizer_sentences = st::launch::TokenizerTraining{}.max_sentences;  // --tokenizer-sentences
+  double val_fraction = 0.05;                                                   // --val-fraction
+  int threads = 0;                                                              // --threads; 0 = the host's cores
+  int64_t shard_tokens = 100000000;  // --shard-tokens: tokens per shard file (llm.c's size)
+  bool overwrite = false;            // --overwrite
+};
+
+std::string prepare_usage() {
+  return "usage: prepare INPUT... --out DIR [--tokenizer PATH | --train-tokenizer --vocab-size N]\n"
+         "               [--val-fraction F] [--threads N] [--shard-tokens N] [--tokenizer-sentences N]\n"
+         "               [--overwrite]\n\n"
+         "  Encodes UTF-8 text files (INPUT: files, or directories searched recursively; files that are\n"
+         "  not UTF-8 text are skipped) into llm.c token shards for `data.kind: tokens`:\n"
+         "    DIR/train/train_000000.bin ...   data.path: DIR/train\n"
+         "    DIR/val/val_000000.bin ...       data.val_path: DIR/val\n"
+         "    DIR/tokenizer.model              data.tokenizer: DIR/tokenizer.model (model.vocab_size = its size)\n"
+         "  Each file is one document: BOS, its tokens, EOS. Shards hold uint16 tokens when the\n"
+         "  vocabulary fits in 65536 ids, else uint32.\n\n"
+         "  --tokenizer PATH      encode with this SentencePiece model (copied to DIR/tokenizer.model)\n"
+         "  --train-tokenizer     first train a SentencePiece BPE model with byte fallback (LLaMA's\n"
+         "                        settings) on the input, written to DIR/tokenizer.model\n"
+         "  --vocab-size N        its vocabulary (with --train-tokenizer; > 259)\n"
+         "  --tokenizer-sentences N  lines sampled from the input to train it (default 1000000)\n"
+         "  (neither: byte-level tokens, vocabulary 256)\n"
+         "  --val-fraction F      fraction of every piece of text's tokens (its end) kept for\n"
+         "                        validation, in [0, 1) (default 0.05; 0: no DIR/val)\n"
+         "  --threads N           encoding threads (default: the host's cores)\n"
+         "  --shard-tokens N      tokens per shard file (default 100000000)\n"
+         "  --overwrite           replace an earlier output in DIR (its shards and tokenizer.model;\n"
+         "                        nothing else is touched)\n";
+}
+
+// The value after `flag`, parsed by `parse`; errors name the flag.
+template <class T, class Parse>
+T flag_value(const std::vector<std::string>& argv, size_t& i, const std::string& flag, Parse parse) {
+  ST_CHECK(i + 1 < argv.size(), "{} needs a value", flag);
+  const std::string& text = argv[++i];
+  try {
+    size_t used = 0;
+    const T value = parse(text, used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  ST_FAIL("invalid value '{}' for {}", text, flag);
+}
+
+std::string string_of(const std::string& s, size_t& used) {
+  used = s.size();
+  return s;
+}
+int64_t int_of(const std::string& s, size_t& used) { return std::stoll(s, &used); }
+double double_of(const std::string& s, size_t& used) { return std::stod(s, &used); }
+
+void check_args(const PrepareArgs& a) {
+  ST_CHECK(!a.inputs.empty(), "no INPUT given (text files or directories)\n{}", prepare_usage());
+  ST_CHECK(!a.out.empty(), "--out DIR is required");
+  ST_CHECK(!(a.train_tokenizer && !a.tokenizer.empty()), "--tokenizer and --train-tokenizer exclude each other");
+  ST_CHECK(!a.train_tokenizer || a.vocab_size > 0, "--train-tokenizer needs --vocab-size N");
+  ST_CHECK(a.train_tokenizer || a.vocab_size == 0,
+           "--vocab-size is for --train-tokenizer (a given tokenizer has its own; byte-level has 256)");
+  ST_CHECK(a.val_fraction >= 0 && a.val_fraction < 1, "--val-fraction {} must be in [0, 1)", a.val_fraction);
+  ST_CHECK(a.threads >= 0 && a.threads <= 4096, "--threads {} must be in [0, 4096]", a.threads);
+  ST_CHECK(a.shard_tokens >= 1 && a.shard_tokens <= INT32_MAX,
+           "--shard-tokens {} must be in [1, {}] (an llm.c header counts tokens in an int32)", a.shard_tokens,
+           INT32_MAX);
+  ST_CHECK(a.tokenizer_sentences >= 1, "--tokenizer-sentences {} must be positive", a.tokenizer_sentences);
+}
+
+PrepareArgs parse_args(const std::vector<std::string>& argv) {
+  PrepareArgs a;
+  if (argv.empty()) a.help = true;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& arg = argv[i];
+    if (arg == "--help" || arg == "-h")
+      a.help = true;
+    else if (arg == "--out")
+      a.out = flag_value<std::string>(argv, i, arg, string_of);
+    else if (arg == "--tokenizer")
+      a.tokenizer = flag_value<std::string>(argv, i, arg, string_of);
+    else if (arg == "--train-tokenizer")
+      a.train_tokenizer = true;
+    else if (arg == "--vocab-size")
+      a.vocab_size = flag_value<int64_t>(argv, i, arg, int_of);
+    else if (arg == "--tokenizer-sentences")
+      a.tokenizer_sentences = flag_value<int64_t>(argv, i, arg, int_of);
+    else if (arg == "--val-fraction")
+      a.val_fraction = flag_value<double>(argv, i, arg, double_of);
+    else if (arg == "--threads")
+      a.threads = static_cast<int>(flag_value<int64_t>(argv, i, arg, int_of));
+    else if (arg == "--shard-tokens")
+      a.shard_tokens = flag_value<int64_t>(argv, i, arg, int_of);
+    else if (arg == "--overwrite")
+      a.overwrite = true;
+    else if (arg.starts_with("-") && arg != "-")
+      ST_FAIL("unknown option '{}' (see prepare --help)", arg);
+    else
+      a.inputs.push_back(arg);
+  }
+  if (!a.help) check_args(a);
+  return a;
+}
+
+// ---------------------------------------------------------------------------
+// Inputs.
+
+struct InputFile {
+  fs::path path;
+  size_t bytes = 0;
+};
+
+struct Inputs {
+  std::vector<InputFile> files;  // in order: INPUTs as given, each directory's files sorted by path
+  size_t bytes = 0;
+  int64_t skipped = 0;  // files in directories that are not UTF-8 text (or empty)
+  std::string first_skipped;
+  std::set<fs::path> seen;  // canonical paths: a file reached twice (a symlink, a repeated INPUT) is read once
+  int64_t duplicates = 0;
+
+  /// Adds `file` unless it was added before (by another name); returns whether it was new.
+  bool add(InputFile file) {
+    std::error_code ec;
+    const fs::path canonical = fs::canonical(file.path, ec);
+    if (!seen.insert(ec ? file.path : canonical).second) {
+      ++duplicates;
+      return false;
+    }
+    bytes += file.bytes;
+    files.push_back(std::move(file));
+    return true;
+  }
+};
+
+// Length of the UTF-8 sequence that starts with `lead`, 0 when it cannot start one.
+int utf8_length(unsigned char lead) {
+  if (lead < 0x80) return 1;
+  if (lead >= 0xc2 && lead <= 0xdf) return 2;
+  if (lead >= 0xe0 && lead <= 0xef) return 3;
+  if (lead >= 0xf0 && lead <= 0xf4) return 4;
+  return 0;
+}
+
+// Whether `bytes` is UTF-8 without NUL (a sequence cut by the end of the sample is allowed).
+bool is_utf8_text(std::string_view bytes) {
+  for (size_t i = 0; i < bytes.size();) {
+    const auto lead = static_cast<unsigned char>(bytes[i]);
+    const int n = utf8_length(lead);
+    if (lead == 0 || n == 0) return false;
+    for (int k = 1; k < n; ++k) {
+      if (i + static_cast<size_t>(k) >= bytes.size()) return true;
+      if ((static_cast<unsigned char>(bytes[i + static_cast<size_t>(k)]) & 0xc0) != 0x80) return false;
+    }
+    i += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// A file is text when its first 64 KiB are (the check `git` and `file` make, on a sample).
+bool looks_like_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string sample(size_t{64} << 10, '\0');
+  in.read(sample.data(), static_cast<std::streamsize>(sample.size()));
+  sample.resize(static_cast<size_t>(in.gcount()));
+  return !in.bad() && is_utf8_text(sample);
+}
+
+// The text files under directory `dir` (recursively, hidden entries and `skip` excluded), sorted.
+void add_directory(const fs::path& dir, const fs::path& skip, Inputs& inputs) {
+  std::vector<InputFile> found;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const fs::path& p = it->path();
+    const bool hidden = p.filename().string().starts_with(".");
+    std::error_code same_ec;
+    if (hidden || (!skip.empty() && fs::equivalent(p, skip, same_ec))) {
+      if (it->is_directory()) it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file()) continue;
+    const size_t bytes = static_cast<size_t>(it->file_size());
+    if (bytes == 0 || !looks_like_text(p)) {
+      if (inputs.skipped++ == 0 || p.string() < inputs.first_skipped) inputs.first_skipped = p.string();
+      continue;
+    }
+    found.push_back({p, bytes});
+  }
+  ST_CHECK(!ec, "cannot read input directory '{}': {}", dir.string(), ec.message());
+  ST_CHECK(!found.empty(), "input directory '{}' holds no UTF-8 text files{}", dir.string(),
+           inputs.skipped > 0 ? format(" ({} other files skipped, e.g. '{}')", inputs.skipped, inputs.first_skipped)
+                              : std::string(" (it is empty)"));
+  std::sort(found.begin(), found.end(), [](const InputFile& a, const InputFile& b) { return a.path < b.path; });
+  for (InputFile& f : found) inputs.add(std::move(f));
+}
+
+Inputs find_inputs(const std::vector<std::string>& paths, const fs::path& out) {
+  Inputs inputs;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    ST_CHECK(fs::exists(p, ec), "input '{}' does not exist", p);
+    if (fs::is_directory(p, ec)) {
+      add_directory(p, fs::exists(out, ec) ? out : fs::path(), inputs);
+      continue;
+    }
+    const size_t bytes = static_cast<size_t>(fs::file_size(p, ec));
+    ST_CHECK(!ec, "cannot read input '{}': {}", p, ec.message());
+    ST_CHECK(bytes > 0, "input file '{}' is empty", p);
+    ST_CHECK(looks_like_text(p), "input file '{}' is not UTF-8 text", p);
+    inputs.add({p, bytes});
+  }
+  return inputs;
+}
+
+// ---------------------------------------------------------------------------
+// The output directory.
+
+const char* const kSplits[] = {"train", "val"};
+
+// Shards an earlier run wrote: DIR/train/train_*.bin and DIR/val/val_*.bin.
+std::vector<fs::path> existing_shards(const fs::path& out) {
+  std::vector<fs::path> shards;
+  for (const char* split : kSplits) {
+    std::error_code ec;
+    const fs::path dir = out / split;
+    if (!fs::is_directory(dir, ec)) continue;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.starts_with(std::string(split) + "_") && name.ends_with(".bin")) shards.push_back(e.path());
+    }
+  }
+  std::sort(shards.begin(), shards.end());
+  return shards;
+}
+
+// Refuses to mix two outputs in `out`; with --overwrite removes the earlier shards (nothing else).
+void prepare_output(const fs::path& out, bool overwrite, bool writes_tokenizer) {
+  std::error_code ec;
+  ST_CHECK(!fs::exists(out, ec) || fs::is_directory(out, ec), "--out '{}' exists and is not a directory", out.string());
+  const std::vector<fs::path> shards = existing_shards(out);
+  const fs::path tokenizer = out / st::launch::kTokenizerModelName;
+  const bool old_tokenizer = writes_tokenizer && fs::exists(tokenizer, ec);
+  if (!overwrite) {
+    ST_CHECK(shards.empty(), "--out '{}' already holds shards ('{}'{}); pass --overwrite to replace them", out.string(),
+             shards.empty() ? std::string() : shards.front().string(),
+             shards.size() > 1 ? format(" and {} more", shards.size() - 1) : std::string());
+    ST_CHECK(!old_tokenizer, "--out '{}' already holds '{}'; pass --overwrite to replace it", out.string(),
+             tokenizer.string());
+  }
+  for (const fs::path& shard : shards) {
+    fs::remove(shard, ec);
+    ST_CHECK(!ec, "cannot remove the earlier shard '{}': {}", shard.string(), ec.message());
+  }
+  for (const char* split : kSplits) {
+    if (fs::is_empty(out / split, ec)) fs::remove(out / split, ec);  // a split this run may not write
+  }
+  fs::create_directories(out, ec);
+  ST_CHECK(!ec, "cannot create --out '{}': {}", out.string(), ec.message());
+}
+
+// ---------------------------------------------------------------------------
+// The tokenizer.
+
+// Lines of the input files in order, for training (empty lines skipped).
+class LineReader {
+ public:
+  explicit LineReader(const std::vector<InputFile>& files) : files_(files) {}
+  bool next(std::string& line) {
+    for (;;) {
+      if (in_.is_open() && std::getline(in_, line)) {
+        if (line.empty()) continue;
+        return true;
+      }
+      ST_CHECK(!in_.bad(), "cannot read '{}'", files_[file_ - 1].path.string());
+      if (file_ == files_.size()) return false;
+      in_ = std::ifstream(files_[file_++].path, std::ios::binary);
+      ST_CHECK(in_.is_open(), "cannot open '{}'", files_[file_ - 1].path.string());
+    }
+  }
+
+ private:
+  const std::vector<InputFile>& files_;
+  size_t file_ = 0;
+  std::ifstream in_;
+};
+
+Tokenizer train_on_inputs(const PrepareArgs& a, const Inputs& inputs, int threads, const fs::path& model_path) {
+  st::launch::TokenizerTraining options;
+  options.vocab_size = a.vocab_size;
+  options.max_sentences = a.tokenizer_sentences;
+  options.threads = threads;
+  std::fprintf(stderr, "prepare: training a SentencePiece BPE tokenizer of %lld tokens on up to %s lines of %s...\n",
+               static_cast<long long>(a.vocab_size), with_commas(a.tokenizer_sentences).c_str(),
+               human_bytes(static_cast<int64_t>(inputs.bytes)).c_str());
+  const auto start = Clock::now();
+  LineReader lines(inputs.files);
+  const std::string model = st::launch::train_tokenizer(options, [&](std::string& line) { return lines.next(line); });
+  st::checkpoint::write_file_atomic(model_path, model);
+  std::fprintf(stderr, "prepare: tokenizer trained in %.1f s: %s\n",
+               std::chrono::duration<double>(Clock::now() - start).count(), model_path.string().c_str());
+  return Tokenizer::load(model_path.string());
+}
+
+// Whether `given` is the tokenizer already at `model_path` (a rerun with DIR's own tokenizer).
+bool same_file(const std::string& given, const fs::path& model_path) {
+  std::error_code ec;
+  return fs::exists(model_path, ec) && fs::equivalent(given, model_path, ec);
+}
+
+// The tokenizer to encode with: trained into DIR, or --tokenizer (copied into DIR), or bytes.
+Tokenizer obtain_tokenizer(const PrepareArgs& a, const Inputs& inputs, int threads) {
+  const fs::path model_path = fs::path(a.out) / st::launch::kTokenizerModelName;
+  if (a.train_tokenizer) return train_on_inputs(a, inputs, threads, model_path);
+  if (a.tokenizer.empty()) return Tokenizer::bytes();
+  Tokenizer tokenizer = Tokenizer::load(a.tokenizer);
+  if (!same_file(a.tokenizer, model_path)) st::checkpoint::write_file_atomic(model_path, tokenizer.model_bytes());
+  return tokenizer;
+}
+
+// ---------------------------------------------------------------------------
+// Shards.
+
+// Writes one split's llm.c shards, DIR/<split>/<split>_NNNNNN.bin, each of at
+// most `shard_tokens` tokens. A shard is written as <name>.tmp and renamed
+// once complete, so a *.bin file is always whole.
+class ShardWriter {
+ public:
+  ShardWriter(fs::path dir, std::string split, int64_t shard_tokens, int width)
+      : dir_(std::move(dir)), split_(std::move(split)), shard_tokens_(shard_tokens), width_(width) {}
+  ~ShardWriter() {
+    if (out_.is_open()) {  // an error before close(): drop the partial shard
+      out_.close();
+      std::error_code ec;
+      fs::remove(tmp_path(), ec);
+    }
+  }
+
+  void write(std::span<const int32_t> tokens) {
+    while (!tokens.empty()) {
+      if (!out_.is_open()) open_next();
+      const size_t n = std::min(tokens.size(), static_cast<size_t>(shard_tokens_ - in_shard_));
+      buffer_.resize(n * static_cast<size_t>(width_));
+      for (size_t i = 0; i < n; ++i) {
+        const auto v = static_cast<uint32_t>(tokens[i]);
+        std::memcpy(buffer_.data() + i * static_cast<size_t>(width_), &v,
+                    static_cast<size_t>(width_));  // little-endian
+      }
+      out_.write(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
+      ST_CHECK(out_.good(), "cannot write '{}'", tmp_path().string());
+      in_shard_ += static_cast<int64_t>(n);
+      total_ += static_cast<int64_t>(n);
+      tokens = tokens.subspan(n);
+      if (in_shard_ == shard_tokens_) close();
+    }
+  }
+
+  /// Finishes the open shard; returns the number of shards written.
+  int64_t close() {
+    if (!out_.is_open()) return shards_;
+    out_.seekp(0);
+    write_header(in_shard_);
+    out_.close();
+    ST_CHECK(!out_.fail(), "cannot write '{}'", tmp_path().string());
+    st::checkpoint::rename_path(tmp_path(), path());
+    ++shards_;
+    in_shard_ = 0;
+    return shards_;
+  }
+
+  int64_t tokens() const { return total_; }
+  const fs::path& dir() const { return dir_; }
+
+ private:
+  fs::path path() const {
+    const std::string number = std::to_string(shards_);
+    return dir_ / (split_ + "_" + std::string(6 - std::min<size_t>(6, number.size()), '0') + number + ".bin");
+  }
+  fs::path tmp_path() const { return fs::path(path().string() + ".tmp"); }
+
+  void open_next() {
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    ST_CHECK(!ec, "cannot create '{}': {}", dir_.string(), ec.message());
+    out_.open(tmp_path(), std::ios::binary | std::ios::trunc);
+    ST_CHECK(out_.is_open(), "cannot create '{}'", tmp_path().string());
+    write_header(0);
+  }
+
+  void write_header(int64_t count) {
+    static_assert(std::endian::native == std::endian::little, "llm.c shards are little-endian");
+    std::array<int32_t, st::launch::kLlmcHeaderBytes / 4> header{};
+    header[0] = static_cast<int32_t>(width_ == 2 ? st::launch::kLlmcMagicU16 : st::launch::kLlmcMagicU32);
+    header[1] = width_ == 2 ? 1 : 7;  // llm.c's versions: 1 for GPT-2 (uint16) shards, 7 for LLaMA 3 (uint32)
+    header[2] = static_cast<int32_t>(count);
+    out_.write(reinterpret_cast<const char*>(header.data()), sizeof(header));
+    ST_CHECK(out_.good(), "cannot write '{}'", tmp_path().string());
+  }
+
+  fs::path dir_;
+  std::string split_;
+  int64_t shard_tokens_;
+  int width_;
+  std::ofstream out_;
+  std::vector<char> buffer_;
+  int64_t in_shard_ = 0;
+  int64_t shards_ = 0;
+  int64_t total_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Progress on stderr: a bar redrawn in place on a terminal, a line per 10% otherwise.
+
+class Progress {
+ public:
+  explicit Progress(size_t total) : total_(total), tty_(::isatty(STDERR_FILENO) == 1), start_(Clock::now()) {}
+
+  void update(size_t done) {
+    if (finished_) return;
+    finished_ = done == total_;
+    const auto now = Clock::now();
+    if (tty_) {
+      if (!finished_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+      last_draw_ = now;
+      std::fprintf(stderr, "\r%s", line(done, now).c_str());
+      if (finished_) std::fputc('\n', stderr);
+    } else {
+      const int tenth = total_ == 0 ? 10 : static_cast<int>(10 * done / total_);
+      if (tenth <= printed_tenth_) return;
+      printed_tenth_ = tenth;
+      std::fprintf(stderr, "%s\n", line(done, now).c_str());
+    }
+    std::fflush(stderr);
+  }
+
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+
+ private:
+  std::string line(size_t done, Clock::time_point now) const {
+    const double secs = std::max(std::chrono::duration<double>(now - start_).count(), 1e-9);
+    const double fraction = total_ == 0 ? 1.0 : static_cast<double>(done) / static_cast<double>(total_);
+    const double rate = static_cast<double>(done) / secs;
+    const double eta = rate > 0 ? static_cast<double>(total_ - done) / rate : 0.0;
+    constexpr int kWidth = 30;
+    const auto filled = static_cast<size_t>(std::clamp(static_cast<int>(fraction * kWidth), 0, kWidth));
+    std::string bar;
+    if (tty_) {
+      bar.push_back('[');
+      bar.append(filled, '#');
+      bar.append(kWidth - filled, '.');
+      bar.append("] ");
+    }
+    return format("encoding {}{:>3.0f}% {} / {} {:.1f} MB/s ETA {}:{}{} ", bar, 100 * fraction,
+                  human_bytes(static_cast<int64_t>(done)), human_bytes(static_cast<int64_t>(total_)), rate / 1e6,
+                  static_cast<int64_t>(eta) / 60, static_cast<int64_t>(eta) % 60 < 10 ? "0" : "",
+                  static_cast<int64_t>(eta) % 60);
+  }
+
+  size_t total_;
+  bool tty_;
+  Clock::time_point start_;
+  Clock::time_point last_draw_{};
+  int printed_tenth_ = 0;
+  bool finished_ = false;  // the 100% line is out
+};
+
+// ---------------------------------------------------------------------------
+// Encoding: pieces of the input (text_piece) encoded by a pool of threads,
+// consumed by the caller in input order, with a bounded number in flight.
+
+struct Piece {
+  size_t file = 0;  // index into the input files
+  size_t k = 0;     // piece k of count
+  size_t count = 1;
+};
+
+struct Encoded {
+  std::vector<int32_t> ids;  // with BOS before a file's first piece and EOS after its last
+  size_t bytes = 0;          // text bytes of the piece
+  int64_t unknown = 0, byte_fallback = 0;
+  int64_t line_ends =
+      0;  // byte-fallback tokens that are '\n' (SentencePiece trains on lines, so LLaMA's has no piece for it)
+};
+
+std::vector<Piece> plan_pieces(const std::vector<InputFile>& files, const Tokenizer& tokenizer) {
+  std::vector<Piece> pieces;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const size_t count = st::launch::piece_count(tokenizer, files[f].bytes, st::launch::kTextPieceBytes);
+    for (size_t k = 0; k < count; ++k) pieces.push_back({f, k, count});
+  }
+  return pieces;
+}
+
+Encoded encode_piece(const Piece& p, const std::vector<InputFile>& files, const Tokenizer& tokenizer) {
+  const st::launch::MappedFile file(files[p.file].path, "input");
+  const std::string_view text = file.text();
+  const st::launch::TextPiece range = st::launch::text_piece(text, p.k, p.count, st::launch::kTextPieceBytes);
+  Encoded e;
+  e.bytes = range.end - range.begin;  // the pieces of a file partition it
+  if (p.k == 0 && tokenizer.bos_id() >= 0) e.ids.push_back(tokenizer.bos_id());
+  if (range.end > range.begin) {
+    const std::vector<int32_t> ids =
+        tokenizer.encode(text.substr(range.begin, range.end - range.begin),
+                         range.begin == 0 ? st::launch::TextStart::Document : st::launch::TextStart::Continuation);
+    e.ids.insert(e.ids.end(), ids.begin(), ids.end());
+  }
+  if (p.k + 1 == p.count && tokenizer.eos_id() >= 0) e.ids.push_back(tokenizer.eos_id());
+  for (int32_t id : e.ids) {
+    const st::launch::TokenKind kind = tokenizer.kind(id);
+    e.unknown += kind == st::launch::TokenKind::Unknown ? 1 : 0;
+    e.byte_fallback += kind == st::launch::TokenKind::Byte ? 1 : 0;
+    e.line_ends += kind == st::launch::TokenKind::Byte && tokenizer.decode_piece(id) == "\n" ? 1 : 0;
+  }
+  return e;
+}
+
+// Runs encode_piece over `pieces` on `threads` threads and hands the results
+// to `consume` in order, with at most `window` pieces encoded ahead of it.
+class OrderedEncoder {
+ public:
+  OrderedEncoder(const std::vector<Piece>& pieces, const std::vector<InputFile>& files, const Tokenizer& tokenizer,
+                 int threads)
+      : pieces_(pieces),
+        files_(files),
+        tokenizer_(tokenizer),
+        results_(pieces.size()),
+        window_(static_cast<size_t>(4 * threads)) {
+    for (int t = 0; t < threads; ++t) workers_.emplace_back([this] { work(); });
+  }
+  ~OrderedEncoder() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  OrderedEncoder(const OrderedEncoder&) = delete;
+  OrderedEncoder& operator=(const OrderedEncoder&) = delete;
+
+  /// The result of piece `i`, in order (i = 0, 1, ...); rethrows a worker's error.
+  Encoded take(size_t i) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return results_[i].has_value() || !error_.empty(); });
+    ST_CHECK(error_.empty(), "{}", error_);
+    Encoded e = std::move(*results_[i]);
+    results_[i].reset();
+    consumed_ = i + 1;
+    cv_.notify_all();
+    return e;
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      size_t i = 0;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || next_ >= pieces_.size() || next_ < consumed_ + window_; });
+        if (stop_ || next_ >= pieces_.size()) return;
+        i = next_++;
+      }
+      std::optional<Encoded> e;
+      const std::string error = st::error_message_of([&] { e = encode_piece(pieces_[i], files_, tokenizer_); });
+      std::lock_guard lock(mu_);
+      if (!error.empty() && error_.empty()) error_ = error;
+      results_[i] = std::move(e);
+      cv_.notify_all();
+    }
+  }
+
+  const std::vector<Piece>& pieces_;
+  const std::vector<InputFile>& files_;
+  const Tokenizer& tokenizer_;
+  std::vector<std::optional<Encoded>> results_;
+  size_t window_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t next_ = 0;      // the next piece a worker claims
+  size_t consumed_ = 0;  // pieces taken by the consumer
+  std::string error_;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+// ---------------------------------------------------------------------------
+// The run.
+
+struct Totals {
+  int64_t tokens = 0, unknown = 0, byte_fallback = 0, line_ends = 0;
+  int64_t train_shards = 0, val_shards = 0;
+  int64_t train_tokens = 0, val_tokens = 0;
+  double seconds = 0;
+};
+
+// Encodes every piece in order; the last `val_fraction` of each piece's
+// tokens (rounded so that the running total stays within a token of the
+// fraction) go to val, the rest to train.
+Totals encode_inputs(const PrepareArgs& a, const Inputs& inputs, const Tokenizer& tokenizer, int threads) {
+  const int width = tokenizer.vocab_size() <= 65536 ? 2 : 4;
+  ShardWriter train(fs::path(a.out) / "train", "train", a.shard_tokens, width);
+  ShardWriter val(fs::path(a.out) / "val", "val", a.shard_tokens, width);
+  const std::vector<Piece> pieces = plan_pieces(inputs.files, tokenizer);
+  Totals t;
+  Progress progress(inputs.bytes);
+  size_t done = 0;
+  {
+    OrderedEncoder encoder(pieces, inputs.files, tokenizer, threads);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const Encoded e = encoder.take(i);
+      const int64_t n = static_cast<int64_t>(e.ids.size());
+      t.tokens += n;
+      t.unknown += e.unknown;
+      t.byte_fallback += e.byte_fallback;
+      t.line_ends += e.line_ends;
+      const auto val_total = static_cast<int64_t>(std::llround(a.val_fraction * static_cast<double>(t.tokens)));
+      const int64_t to_val = std::clamp<int64_t>(val_total - val.tokens(), 0, n);
+      const std::span<const int32_t> ids(e.ids);
+      train.write(ids.first(static_cast<size_t>(n - to_val)));
+      val.write(ids.last(static_cast<size_t>(to_val)));
+      done += e.bytes;
+      progress.update(done);
+    }
+  }
+  progress.update(inputs.bytes);
+  t.train_shards = train.close();
+  t.val_shards = val.close();
+  t.train_tokens = train.tokens();
+  t.val_tokens = val.tokens();
+  t.seconds = progress.seconds();
+  return t;
+}
+
+double percent(int64_t part, int64_t whole) {
+  return whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
+void print_summary(const PrepareArgs& a, const Inputs& inputs, const Tokenizer& tokenizer, const Totals& t) {
+  const fs::path out(a.out);
+  std::printf("prepare: %zu file(s), %s -> %s tokens (%.2f bytes/token) in %.1f s (%.1f MB/s)\n", inputs.files.size(),
+              human_bytes(static_cast<int64_t>(inputs.bytes)).c_str(), with_commas(t.tokens).c_str(),
+              t.tokens > 0 ? static_cast<double>(inputs.bytes) / static_cast<double>(t.tokens) : 0.0, t.seconds,
+              static_cast<double>(inputs.bytes) / std::max(t.seconds, 1e-9) / 1e6);
+  if (inputs.skipped > 0)
+    std::printf("  skipped %lld file(s) that are empty or not UTF-8 text, e.g. %s\n",
+                static_cast<long long>(inputs.skipped), inputs.first_skipped.c_str());
+  if (inputs.duplicates > 0)
+    std::printf("  read once: %lld file(s) reached a second time (symlinks, repeated inputs)\n",
+                static_cast<long long>(inputs.duplicates));
+  std::printf("  train: %s tokens in %lld shard(s), %s/train_*.bin\n", with_commas(t.train_tokens).c_str(),
+              static_cast<long long>(t.train_shards), (out / "train").string().c_str());
+  if (t.val_shards > 0)
+    std::printf("  val:   %s tokens (%.2f%%) in %lld shard(s), %s/val_*.bin\n", with_commas(t.val_tokens).c_str(),
+                percent(t.val_tokens, t.tokens), static_cast<long long>(t.val_shards), (out / "val").string().c_str());
+  const std::string width = tokenizer.vocab_size() <= 65536 ? "uint16" : "uint32";
+  if (tokenizer.is_bytes()) {
+    std::printf("  tokens: bytes (vocabulary 256, %s)\n", width.c_str());
+  } else {
+    std::printf(
+        "  tokenizer: %s (SentencePiece, vocabulary %lld, %s); of the tokens: unknown %.3f%%, byte fallback "
+        "%.3f%% (line ends '\\n' %.3f%%)\n",
+        (out / st::launch::kTokenizerModelName).string().c_str(), static_cast<long long>(tokenizer.vocab_size()),
+        width.c_str(), percent(t.unknown, t.tokens), percent(t.byte_fallback, t.tokens),
+        percent(t.line_ends, t.tokens));
+  }
+  std::string hint = format("--set data.kind=tokens --set data.path={}", (out / "train").string());
+  if (t.val_shards > 0) hint += format(" --set data.val_path={}", (out / "val").string());
+  if (!tokenizer.is_bytes())
+    hint += format(" --set data.tokenizer={}", (out / st::launch::kTokenizerModelName).string());
+  std::printf("  train with: %s --set model.vocab_size=%lld\n", hint.c_str(),
+              static_cast<long long>(tokenizer.vocab_size()));
+}
+
+int run(const std::vector<std::string>& argv) {
+  const PrepareArgs a = parse_args(argv);
+  if (a.help) {
+    std::fputs(prepare_usage().c_str(), stdout);
+    return 0;
+  }
+  const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const Inputs inputs = find_inputs(a.inputs, a.out);
+  const fs::path model_path = fs::path(a.out) / st::launch::kTokenizerModelName;
+  const bool writes_tokenizer = a.train_tokenizer || (!a.tokenizer.empty() && !same_file(a.tokenizer, model_path));
+  prepare_output(a.out, a.overwrite, writes_tokenizer);
+  const Tokenizer tokenizer = obtain_tokenizer(a, inputs, threads);
+  const Totals totals = encode_inputs(a, inputs, tokenizer, threads);
+  print_summary(a, inputs, tokenizer, totals);
+  if (a.val_fraction > 0 && totals.val_tokens == 0)
+    std::fprintf(stderr, "prepare: warning: the input is too small for --val-fraction %g: no validation tokens\n",
+                 a.val_fraction);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return run(args);
+  } catch (const st::Error& e) {
+    std::fprintf(stderr, "prepare: error: %s\n", e.message().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "prepare: internal error: %s\n", e.what());
+    return 2;
+  }
+}
