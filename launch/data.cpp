@@ -554,9 +554,12 @@ class HeldOutSplit final : public Dataset {
   }
 
   std::string describe() const override {
-    return format("{}; {} samples [{}, {}) {} (data.val_fraction {})", whole_->describe(),
-                  part_ == Part::Train ? "training on" : "validating on the last", first_, first_ + size_,
-                  part_ == Part::Train ? format("(the last {} held out)", with_commas(held_)) : "held out", fraction_);
+    if (part_ == Part::Train) {
+      return format("{}; training on samples [0, {}), the last {} held out (data.val_fraction {})", whole_->describe(),
+                    size_, with_commas(held_), fraction_);
+    }
+    return format("{}; the last {} samples, [{}, {}), held out (data.val_fraction {})", whole_->describe(),
+                  with_commas(held_), first_, first_ + size_, fraction_);
   }
 
   std::string find_bad_token(int part, int parts) const override {
