@@ -414,6 +414,9 @@ void Trainer::log_run() const {
     log_.info0("validation: {}; every {} steps and after step {}: the first {} global batch(es), {} samples",
                val_dataset_->describe(), config_.eval.interval, tc_.steps, config_.eval.batches,
                config_.eval.batches * tc_.global_batch_size);
+  } else if (!config_.data.val_path.empty() || config_.data.val_fraction > 0) {
+    log_.warn0("{} is set but eval.interval is 0, so nothing is evaluated on it",
+               config_.data.val_path.empty() ? "data.val_fraction" : "data.val_path");
   }
   log_.info0("device: {}{}, collectives over {}", device_.str(),
              device_.is_cuda() ? " (" + cuda::device_name(device_.index) + ")" : std::string(),
