@@ -19,8 +19,8 @@ double seconds_between(TimeStack::Clock::time_point a, TimeStack::Clock::time_po
 double percent(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
 
 // Short labels for the one-line step report.
-constexpr std::array<const char*, kPhases> kPhaseShort = {"other", "fwd",   "bwd",  "recomp",
-                                                          "sync",  "optim", "data", "ckpt"};
+constexpr std::array<const char*, kPhases> kPhaseShort = {"other", "fwd",  "bwd",  "recomp", "sync",
+                                                          "optim", "data", "ckpt", "eval"};
 constexpr std::array<const char*, kActivities> kActivityShort = {"rest",    "gemm",       "ops",     "wait-ag",
                                                                  "wait-rs", "wait-other", "progress"};
 
@@ -36,6 +36,7 @@ const char* phase_name(Phase p) {
     case Phase::Optimizer: return "optimizer";
     case Phase::Data: return "data";
     case Phase::Checkpoint: return "checkpoint";
+    case Phase::Eval: return "eval";
     case Phase::Count: break;
   }
   return "?";

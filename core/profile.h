@@ -4,7 +4,8 @@
 //
 // Two views of the same wall time, each exclusive, so each sums to the step:
 //   phase:    forward, backward, recompute, grad sync, optimizer, data,
-//             checkpoint, other (whatever the step does outside those)
+//             checkpoint, eval (validation after the step, its forwards
+//             included), other (whatever the step does outside those)
 //   activity: GEMM (inside ops::gemm), other ops (every other op's CPU
 //             backend), waiting for all-gathers, for reduce-scatters and
 //             all-reduces, for other collectives, MPI progress driven at op
@@ -30,7 +31,7 @@
 
 namespace st::profile {
 
-enum class Phase : uint8_t { Other, Forward, Backward, Recompute, GradSync, Optimizer, Data, Checkpoint, Count };
+enum class Phase : uint8_t { Other, Forward, Backward, Recompute, GradSync, Optimizer, Data, Checkpoint, Eval, Count };
 enum class Activity : uint8_t { Rest, Gemm, Ops, WaitGather, WaitReduce, WaitOther, Progress, Count };
 
 /// The activity a collective's wait is charged to.

@@ -96,6 +96,12 @@ class ShardedModel {
   /// and before the next forward: units kept gathered (NO_SHARD, the root
   /// unit after a forward without backward) would otherwise be stale.
   void zero_grad();
+  /// Frees every gathered copy of the weights and drops what the model's
+  /// forward saved for backward; gradient shards and reductions are untouched.
+  /// For forwards that no backward follows (evaluation): call it before them
+  /// (copies kept gathered since the last step, NO_SHARD's, predate its
+  /// optimizer step) and after them, so that nothing stays gathered or saved.
+  void release();
   /// Waits for every outstanding reduction; gradient shards are final after
   /// it. grad_norm_squared() calls it too.
   void finish_grad_sync();

@@ -572,6 +572,10 @@ void ShardedModel::backward(const Tensor& dy) {
 }
 
 void ShardedModel::zero_grad() { impl_->zero_grad(); }
+void ShardedModel::release() {
+  for (size_t u = 0; u < impl_->units.size(); ++u) impl_->free_unit(u);
+  impl_->model.release_saved_recursive();
+}
 void ShardedModel::finish_grad_sync() { impl_->finish_grad_sync(); }
 const std::vector<optim::Segment>& ShardedModel::segments() const { return impl_->segments; }
 double ShardedModel::grad_norm_squared() { return impl_->grad_norm_squared(); }

@@ -35,6 +35,15 @@ void visit_data(DataConfig& d, const KeyVisitor& v) {
      "SentencePiece tokenizer.model (text/tokens): encodes data.kind text instead of bytes; its vocabulary must "
      "equal model.vocab_size; checkpoints hold a copy"},
     d.tokenizer);
+  v({"val_path", "validation data for text/tokens, a file or directory of data.path's format; empty = none"},
+    d.val_path);
+  v({"val_fraction", "text/tokens without val_path: hold out this last fraction of data.path's samples for validation"},
+    d.val_fraction);
+}
+
+void visit_eval(EvalConfig& e, const KeyVisitor& v) {
+  v({"interval", "evaluate every N steps and after the last step; 0 = never"}, e.interval);
+  v({"batches", "global batches per evaluation: the first ones of the validation data, in order"}, e.batches);
 }
 
 void visit_comm(CommConfig& c, const KeyVisitor& v) {
@@ -70,6 +79,7 @@ void visit_keys(Config& c, const KeyVisitor& v) {
   visit_keys(c.model, in_section("model", v));
   visit_train(c.train, in_section("train", v));
   visit_data(c.data, in_section("data", v));
+  visit_eval(c.eval, in_section("eval", v));
   visit_keys(c.optim, in_section("optim", v));
   visit_keys(c.fsdp, in_section("fsdp", v));
   visit_keys(c.checkpoint, in_section("checkpoint", v));
@@ -92,6 +102,20 @@ void DataConfig::validate() const {
           format("a file or directory (required when data.kind is {})", to_string(kind)));
   require(tokenizer.empty() || kind != DataKind::Synthetic, "data.tokenizer", tokenizer,
           "empty with data.kind synthetic (a tokenizer is for data.kind text or tokens)");
+  // Synthetic data has validation samples of its own (launch/data.h), so neither key means anything there.
+  require(kind != DataKind::Synthetic || val_path.empty(), "data.val_path", val_path,
+          "\"\" for data.kind synthetic, which validates on generated samples that training never sees");
+  require(kind != DataKind::Synthetic || val_fraction == 0, "data.val_fraction", val_fraction,
+          "0 for data.kind synthetic, which validates on generated samples that training never sees");
+  require(val_fraction >= 0 && val_fraction < 1, "data.val_fraction", val_fraction,
+          "a fraction in [0, 1) (0: no held-out split)");
+  require(val_path.empty() || val_fraction == 0, "data.val_fraction", val_fraction,
+          format("0 when data.val_path is set ('{}'): validation data comes from one of the two", val_path));
+}
+
+void EvalConfig::validate() const {
+  require(interval >= 0, "eval.interval", interval, "a number of steps >= 0 (0: never evaluate)");
+  require(batches >= 1, "eval.batches", batches, "a positive integer");
 }
 
 void CommConfig::validate() const {
@@ -113,6 +137,11 @@ void Config::validate() const {
   models::model_spec(model.name).check_seq_len(model, train.seq_len);
   train.validate();
   data.validate();
+  eval.validate();
+  ST_CHECK(eval.interval == 0 || data.kind == DataKind::Synthetic || !data.val_path.empty() || data.val_fraction > 0,
+           "eval.interval is {} but there is no validation data: set data.val_path (a file or directory like "
+           "data.path) or data.val_fraction (hold out the end of data.path), or eval.interval: 0",
+           eval.interval);
   optim.validate();
   fsdp.validate();
   checkpoint.validate();

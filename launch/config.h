@@ -2,7 +2,8 @@
 // The whole run configuration (configs/*.yaml): one section per layer, each
 // owned by its layer (model.* models/config.h, optim.* optim/config.h, fsdp.*
 // fsdp/config.h, checkpoint.* checkpoint/config.h), plus the sections the
-// launcher itself owns, declared here: train.*, data.*, comm.* and logging.*.
+// launcher itself owns, declared here: train.*, data.*, eval.*, comm.* and
+// logging.*.
 //
 // The YAML keys are the field names, nested by section
 // ("fsdp.mixed_precision.param_dtype"). Loading is strict (core/config.h); `--set
@@ -55,9 +56,21 @@ struct DataConfig {
   std::string path;                     // file or directory for text/tokens; unused for synthetic
   TokenDType token_dtype = TokenDType::U16;  // token width of headerless tokens files (llm.c shards give their own)
   std::string tokenizer;                // SentencePiece tokenizer.model (text/tokens): encodes data.kind text instead of bytes; its vocabulary must equal model.vocab_size; checkpoints hold a copy
+  std::string val_path;                 // validation data for text/tokens, a file or directory of data.path's format; empty = none
+  double val_fraction = 0;              // text/tokens without val_path: hold out this last fraction of data.path's samples for validation
 
   void validate() const;
   bool operator==(const DataConfig&) const = default;
+};
+
+// Validation data: data.val_path, data.val_fraction, or for synthetic data
+// (and the toy model's features) generated samples that training never sees.
+struct EvalConfig {
+  int64_t interval = 0;                // evaluate every N steps and after the last step; 0 = never
+  int64_t batches = 4;                 // global batches per evaluation: the first ones of the validation data, in order
+
+  void validate() const;
+  bool operator==(const EvalConfig&) const = default;
 };
 
 struct CommConfig {
@@ -83,6 +96,7 @@ struct Config {
   ModelConfig model;
   TrainConfig train;
   DataConfig data;
+  EvalConfig eval;
   OptimConfig optim;
   FsdpConfig fsdp;
   CheckpointConfig checkpoint;
@@ -90,7 +104,8 @@ struct Config {
   LoggingConfig logging;
 
   /// Each section's validate(), then the rules between sections
-  /// (train.seq_len against the model); throws st::Error naming the key.
+  /// (train.seq_len against the model, eval.interval against the validation
+  /// data); throws st::Error naming the key.
   void validate() const;
 
   /// Field-by-field equality (e.g. a resumed run against its checkpoint's config).

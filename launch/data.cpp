@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -124,14 +126,17 @@ int64_t windows_in(int64_t n, int64_t seq_len) { return n > seq_len ? (n - 1) / 
 // edge table gets to about ln(4).
 class SyntheticDataset final : public Dataset {
  public:
-  SyntheticDataset(uint64_t seed, int64_t vocab_size, int64_t seq_len)
+  // Sample i is walk first_walk + i: training uses walks [0, kSyntheticSamples),
+  // validation the next kSyntheticSamples, which training never sees.
+  SyntheticDataset(uint64_t seed, int64_t vocab_size, int64_t seq_len, int64_t first_walk)
       : seed_(seed),
         edges_key_(stream_key(seed, Stream::ChainEdges)),
         walk_key_(stream_key(seed, Stream::ChainWalk)),
         states_(static_cast<uint64_t>(std::min(vocab_size, kSyntheticActiveTokens))),
         token_of_(stream_key(seed, Stream::ChainTokens), vocab_size),
         vocab_(vocab_size),
-        seq_len_(seq_len) {}
+        seq_len_(seq_len),
+        first_walk_(first_walk) {}
 
   int64_t size() const override { return kSyntheticSamples; }
 
@@ -140,7 +145,7 @@ class SyntheticDataset final : public Dataset {
     check_row(target_row, DType::I32, seq_len_, "target", "synthetic");
     std::span<int32_t> in = input_row.span<int32_t>();
     std::span<int32_t> tgt = target_row.span<int32_t>();
-    const uint64_t walk = hash_of(walk_key_, static_cast<uint64_t>(index));
+    const uint64_t walk = hash_of(walk_key_, static_cast<uint64_t>(first_walk_ + index));
     uint64_t state = hash_of(walk, 0) % states_;
     int32_t token = static_cast<int32_t>(token_of_(static_cast<int64_t>(state)));
     for (int64_t k = 0; k < seq_len_; ++k) {
@@ -154,9 +159,11 @@ class SyntheticDataset final : public Dataset {
 
   std::string describe() const override {
     return format(
-        "synthetic: seeded Markov chain over {} of {} tokens ({} successors each), {} samples of {} tokens (seed {})",
+        "synthetic: seeded Markov chain over {} of {} tokens ({} successors each), {} samples of {} tokens (seed {}){}",
         with_commas(static_cast<int64_t>(states_)), with_commas(vocab_), kSyntheticSuccessors, with_commas(size()),
-        seq_len_, seed_);
+        seq_len_, seed_,
+        first_walk_ > 0 ? format(", walks {} on (held out: training never sees them)", with_commas(first_walk_))
+                        : std::string());
   }
 
  private:
@@ -167,14 +174,16 @@ class SyntheticDataset final : public Dataset {
   Permutation token_of_;  // state -> token id
   int64_t vocab_;
   int64_t seq_len_;
+  int64_t first_walk_;
 };
 
 // ---------------------------------------------------------------------------
 // text
 
-MappedFile open_text_file(const std::string& path) {
-  ST_CHECK(fs::exists(path), "text file '{}' (data.path) does not exist", path);
-  ST_CHECK(!fs::is_directory(path), "text file '{}' (data.path) is a directory; data.kind text reads one file", path);
+// `key` is the config key that named the file (data.path, data.val_path), for errors.
+MappedFile open_text_file(const std::string& path, std::string_view key) {
+  ST_CHECK(fs::exists(path), "text file '{}' ({}) does not exist", path, key);
+  ST_CHECK(!fs::is_directory(path), "text file '{}' ({}) is a directory; data.kind text reads one file", path, key);
   MappedFile file(path, "text");
   ST_CHECK(file.size() > 0, "text file '{}' is empty", path);
   return file;
@@ -182,8 +191,9 @@ MappedFile open_text_file(const std::string& path) {
 
 class TextDataset final : public Dataset {
  public:
-  TextDataset(const std::string& path, int64_t vocab_size, int64_t seq_len)
-      : path_(path), file_(open_text(path, vocab_size, seq_len)), seq_len_(seq_len) {}
+  // `key` is the config key that named the file (data.path, data.val_path), for errors.
+  TextDataset(const std::string& path, std::string_view key, int64_t vocab_size, int64_t seq_len)
+      : path_(path), file_(open_text(path, key, vocab_size, seq_len)), seq_len_(seq_len) {}
 
   int64_t size() const override { return windows_in(static_cast<int64_t>(file_.size()), seq_len_); }
 
@@ -205,12 +215,12 @@ class TextDataset final : public Dataset {
   }
 
  private:
-  static MappedFile open_text(const std::string& path, int64_t vocab_size, int64_t seq_len) {
+  static MappedFile open_text(const std::string& path, std::string_view key, int64_t vocab_size, int64_t seq_len) {
     ST_CHECK(vocab_size >= 256,
              "data.kind text uses byte-level tokens (256 values) but model.vocab_size is {}; set model.vocab_size "
              "to at least 256",
              vocab_size);
-    MappedFile file = open_text_file(path);
+    MappedFile file = open_text_file(path, key);
     ST_CHECK(windows_in(static_cast<int64_t>(file.size()), seq_len) > 0,
              "text file '{}' has {} bytes, too short for one sample: train.seq_len {} needs at least {} bytes", path,
              file.size(), seq_len, seq_len + 1);
@@ -226,9 +236,9 @@ class TextDataset final : public Dataset {
 // its tokens tiled like the bytes above.
 class EncodedTextDataset final : public Dataset {
  public:
-  EncodedTextDataset(const std::string& path, const Tokenizer& tokenizer, int64_t seq_len)
+  EncodedTextDataset(const std::string& path, std::string_view key, const Tokenizer& tokenizer, int64_t seq_len)
       : path_(path), tokenizer_path_(tokenizer.path()), vocab_(tokenizer.vocab_size()), seq_len_(seq_len) {
-    const MappedFile file = open_text_file(path);
+    const MappedFile file = open_text_file(path, key);
     bytes_ = file.size();
     tokens_ = encode_document(tokenizer, file.text(), kEncodeThreads);
     ST_CHECK(size() > 0,
@@ -364,15 +374,17 @@ TokenShard open_shard(const fs::path& path, TokenDType headerless_dtype) {
 
 class TokensDataset final : public Dataset {
  public:
-  TokensDataset(const std::string& path, TokenDType headerless_dtype, int64_t vocab_size, int64_t seq_len)
+  // `key` is the config key that named the path (data.path, data.val_path), for errors.
+  TokensDataset(const std::string& path, std::string_view key, TokenDType headerless_dtype, int64_t vocab_size,
+                int64_t seq_len)
       : path_(path), vocab_(vocab_size), seq_len_(seq_len) {
-    ST_CHECK(fs::exists(path), "tokens path '{}' (data.path) does not exist", path);
+    ST_CHECK(fs::exists(path), "tokens path '{}' ({}) does not exist", path, key);
     std::vector<fs::path> files;
     if (fs::is_directory(path)) {
       for (const fs::directory_entry& entry : fs::directory_iterator(path))
         if (entry.is_regular_file() && entry.path().extension() == ".bin") files.push_back(entry.path());
       std::sort(files.begin(), files.end());
-      ST_CHECK(!files.empty(), "tokens directory '{}' (data.path) has no *.bin files", path);
+      ST_CHECK(!files.empty(), "tokens directory '{}' ({}) has no *.bin files", path, key);
     } else {
       files.push_back(path);
     }
@@ -473,8 +485,13 @@ class TokensDataset final : public Dataset {
 
 class ToyDataset final : public Dataset {
  public:
-  explicit ToyDataset(uint64_t seed)
-      : seed_(seed), inputs_key_(stream_key(seed, Stream::ToyInputs)), teacher_(toy_teacher(seed)) {}
+  // Sample i is draw first_sample + i: training uses draws [0, kToySamples),
+  // validation the next kToySamples.
+  ToyDataset(uint64_t seed, int64_t first_sample)
+      : seed_(seed),
+        inputs_key_(stream_key(seed, Stream::ToyInputs)),
+        teacher_(toy_teacher(seed)),
+        first_sample_(first_sample) {}
 
   int64_t size() const override { return kToySamples; }
 
@@ -483,7 +500,7 @@ class ToyDataset final : public Dataset {
     check_row(target_row, DType::F32, Toy::kOut, "target", "toy");
     std::span<float> x = input_row.span<float>();
     std::span<float> y = target_row.span<float>();
-    const uint64_t sample = hash_of(inputs_key_, static_cast<uint64_t>(index));
+    const uint64_t sample = hash_of(inputs_key_, static_cast<uint64_t>(first_sample_ + index));
     for (int64_t j = 0; j < Toy::kIn; ++j) x[j] = unit_float(hash_of(sample, static_cast<uint64_t>(j)));
     for (int64_t o = 0; o < Toy::kOut; ++o) {
       float acc = teacher_.bias[o];
@@ -493,14 +510,69 @@ class ToyDataset final : public Dataset {
   }
 
   std::string describe() const override {
-    return format("toy: {} samples of {} uniform [0, 1) features -> {} targets of a fixed linear teacher (seed {})",
-                  with_commas(size()), Toy::kIn, Toy::kOut, seed_);
+    return format("toy: {} samples of {} uniform [0, 1) features -> {} targets of a fixed linear teacher (seed {}){}",
+                  with_commas(size()), Toy::kIn, Toy::kOut, seed_,
+                  first_sample_ > 0
+                      ? format(", draws {} on (held out: training never sees them)", with_commas(first_sample_))
+                      : std::string());
   }
 
  private:
   uint64_t seed_;
   uint64_t inputs_key_;
   ToyTeacher teacher_;
+  int64_t first_sample_;
+};
+
+// ---------------------------------------------------------------------------
+// data.val_fraction: one part of a dataset's samples.
+
+enum class Part : uint8_t { Train, Validation };
+
+// The first samples of `whole` (Train) or the last ceil(fraction x size)
+// (Validation). Both parts open the file; only the training part scans it for
+// bad tokens, which covers the held-out samples too.
+class HeldOutSplit final : public Dataset {
+ public:
+  HeldOutSplit(std::unique_ptr<Dataset> whole, double fraction, Part part)
+      : whole_(std::move(whole)), fraction_(fraction), part_(part) {
+    const int64_t n = whole_->size();
+    held_ = static_cast<int64_t>(std::ceil(fraction * static_cast<double>(n)));
+    ST_CHECK(held_ < n,
+             "data.val_fraction {} holds out {} of the {} samples of {}, leaving none for training; lower "
+             "data.val_fraction or give a separate data.val_path",
+             fraction, held_, n, whole_->describe());
+    first_ = part == Part::Train ? 0 : n - held_;
+    size_ = part == Part::Train ? n - held_ : held_;
+  }
+
+  int64_t size() const override { return size_; }
+
+  void get(int64_t index, const Tensor& input_row, const Tensor& target_row) const override {
+    ST_CHECK(index >= 0 && index < size_, "sample {} is outside this part [0, {}) of the data", index, size_);
+    whole_->get(first_ + index, input_row, target_row);
+  }
+
+  std::string describe() const override {
+    if (part_ == Part::Train) {
+      return format("{}; training on samples [0, {}), the last {} held out (data.val_fraction {})", whole_->describe(),
+                    size_, with_commas(held_), fraction_);
+    }
+    return format("{}; the last {} samples, [{}, {}), held out (data.val_fraction {})", whole_->describe(),
+                  with_commas(held_), first_, first_ + size_, fraction_);
+  }
+
+  std::string find_bad_token(int part, int parts) const override {
+    return part_ == Part::Train ? whole_->find_bad_token(part, parts) : std::string();
+  }
+
+ private:
+  std::unique_ptr<Dataset> whole_;
+  double fraction_;
+  Part part_;
+  int64_t held_ = 0;
+  int64_t first_ = 0;
+  int64_t size_ = 0;
 };
 
 }  // namespace
@@ -517,16 +589,18 @@ ToyTeacher toy_teacher(uint64_t seed) {
   return t;
 }
 
-std::unique_ptr<Dataset> make_dataset(const Config& config) {
-  const DataConfig& data = config.data;
-  const uint64_t seed = config.train.seed;
-  if (config.model.name == "toy") {
-    ST_CHECK(data.kind == DataKind::Synthetic,
-             "model.name toy trains on seeded random features, so data.kind must be synthetic (got {})",
-             to_string(data.kind));
-    return std::make_unique<ToyDataset>(seed);
-  }
+namespace {
 
+// The toy model's features and synthetic tokens: generated, so the
+// validation part is simply the next samples of the same stream.
+bool is_generated(const Config& config) {
+  ST_CHECK(config.model.name != "toy" || config.data.kind == DataKind::Synthetic,
+           "model.name toy trains on seeded random features, so data.kind must be synthetic (got {})",
+           to_string(config.data.kind));
+  return config.data.kind == DataKind::Synthetic;
+}
+
+void check_token_model(const Config& config) {
   const int64_t seq_len = config.train.seq_len;
   const int64_t vocab = config.model.vocab_size;
   ST_CHECK(seq_len > 0, "invalid value {} for 'train.seq_len': expected a positive integer", seq_len);
@@ -534,16 +608,47 @@ std::unique_ptr<Dataset> make_dataset(const Config& config) {
   ST_CHECK(vocab > 0 && vocab <= std::numeric_limits<int32_t>::max(),
            "invalid value {} for 'model.vocab_size': expected 1 to {} (tokens are int32)", vocab,
            std::numeric_limits<int32_t>::max());
+}
+
+std::unique_ptr<Dataset> generated(const Config& config, Part part) {
+  const uint64_t seed = config.train.seed;
+  const bool val = part == Part::Validation;
+  if (config.model.name == "toy") return std::make_unique<ToyDataset>(seed, val ? kToySamples : 0);
+  check_token_model(config);
+  return std::make_unique<SyntheticDataset>(seed, config.model.vocab_size, config.train.seq_len,
+                                            val ? kSyntheticSamples : 0);
+}
+
+// The text or tokens at `path`, which config key `key` names.
+std::unique_ptr<Dataset> from_file(const Config& config, const std::string& path, std::string_view key) {
+  check_token_model(config);
+  const int64_t seq_len = config.train.seq_len;
+  const int64_t vocab = config.model.vocab_size;
   // Checked against model.vocab_size before any data is read.
   const std::optional<Tokenizer> tokenizer = load_data_tokenizer(config);
-  switch (data.kind) {
-    case DataKind::Synthetic: return std::make_unique<SyntheticDataset>(seed, vocab, seq_len);
-    case DataKind::Text:
-      if (tokenizer) return std::make_unique<EncodedTextDataset>(data.path, *tokenizer, seq_len);
-      return std::make_unique<TextDataset>(data.path, vocab, seq_len);
-    case DataKind::Tokens: return std::make_unique<TokensDataset>(data.path, data.token_dtype, vocab, seq_len);
+  if (config.data.kind == DataKind::Text) {
+    if (tokenizer) return std::make_unique<EncodedTextDataset>(path, key, *tokenizer, seq_len);
+    return std::make_unique<TextDataset>(path, key, vocab, seq_len);
   }
-  ST_FAIL("unknown data.kind {}", static_cast<int>(data.kind));
+  ST_CHECK(config.data.kind == DataKind::Tokens, "unknown data.kind {}", static_cast<int>(config.data.kind));
+  return std::make_unique<TokensDataset>(path, key, config.data.token_dtype, vocab, seq_len);
+}
+
+}  // namespace
+
+std::unique_ptr<Dataset> make_dataset(const Config& config) {
+  if (is_generated(config)) return generated(config, Part::Train);
+  std::unique_ptr<Dataset> whole = from_file(config, config.data.path, "data.path");
+  if (config.data.val_fraction == 0) return whole;
+  return std::make_unique<HeldOutSplit>(std::move(whole), config.data.val_fraction, Part::Train);
+}
+
+std::unique_ptr<Dataset> make_validation_dataset(const Config& config) {
+  if (is_generated(config)) return generated(config, Part::Validation);
+  const DataConfig& data = config.data;
+  if (!data.val_path.empty()) return from_file(config, data.val_path, "data.val_path");
+  if (data.val_fraction == 0) return nullptr;
+  return std::make_unique<HeldOutSplit>(from_file(config, data.path, "data.path"), data.val_fraction, Part::Validation);
 }
 
 std::optional<Tokenizer> load_data_tokenizer(const Config& config) {

@@ -49,6 +49,11 @@ inline constexpr uint32_t kLlmcMagicU16 = 20240520;  // uint16 tokens (llm.c's G
 inline constexpr uint32_t kLlmcMagicU32 = 20240801;  // uint32 tokens (llm.c's LLaMA 3 shards, version 7)
 inline constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
 
+/// Targets equal to this take no part in the loss (PyTorch's default
+/// ignore_index); our datasets never produce it, but a tokens file may use it
+/// for padding.
+inline constexpr int64_t kIgnoreIndex = -100;
+
 /// Samples per epoch of the generated datasets: synthetic token sequences
 /// (large enough that a short run never repeats one) and toy features.
 inline constexpr int64_t kSyntheticSamples = int64_t{1} << 20;
@@ -87,11 +92,22 @@ ToyTeacher toy_teacher(uint64_t seed);
 ///   tiled as for text within each file and never cross a file boundary; a
 ///   token >= model.vocab_size is found by find_bad_token() at start-up.
 /// toy (model.name toy): inputs uniform in [0, 1), targets from toy_teacher(seed).
+/// With data.val_fraction f > 0 the training set is the first samples of
+/// data.path, all but the last ceil(f x samples), which make_validation_dataset() holds out.
 std::unique_ptr<Dataset> make_dataset(const Config& config);
 
 /// data.tokenizer loaded, or nullopt when it is empty. A vocabulary that
 /// differs from model.vocab_size is an error naming the file and both sizes.
 std::optional<Tokenizer> load_data_tokenizer(const Config& config);
+
+/// The validation set, or nullptr when there is none:
+/// data.val_path: that file or directory, read like data.path (same data.kind
+///   and format rules; errors name data.val_path);
+/// data.val_fraction: the last ceil(f x samples) of data.path, which training never sees;
+/// synthetic: walks kSyntheticSamples .. 2 x kSyntheticSamples - 1 of the same
+///   chain (training uses walks below kSyntheticSamples);
+/// toy: draws kToySamples .. 2 x kToySamples - 1 of the same features and teacher.
+std::unique_ptr<Dataset> make_validation_dataset(const Config& config);
 
 /// Sample indices (into the dataset) of the `count` samples at positions
 /// [first, first + count) of the infinite stream: epoch e = position / size

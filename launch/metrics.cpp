@@ -59,6 +59,8 @@ std::string format_step_line(const StepMetrics& m) {
       format("step {}/{} | loss {:.4f} | lr {:.2e} | grad_norm {:.3f} | {} | elapsed {} | eta {}", m.step,
              m.total_steps, m.loss, m.lr, m.grad_norm, rate, seconds_str(m.elapsed_s), seconds_str(m.eta_s));
   if (m.mfu >= 0) line += format(" | mfu {:.1f}% | peak {:.2f} GB", 100.0 * m.mfu, m.peak_bytes / 1e9);
+  if (m.val_loss) line += format(" | val_loss {:.4f}", *m.val_loss);
+  if (m.val_ppl) line += format(" (ppl {:.1f})", *m.val_ppl);
   return line;
 }
 
@@ -72,6 +74,8 @@ std::string format_step_json(const StepMetrics& m) {
                       {"peak_bytes", m.peak_bytes}};
   if (m.tokens_per_s >= 0) j["tokens_per_s"] = m.tokens_per_s;
   if (m.mfu >= 0) j["mfu"] = m.mfu;
+  if (m.val_loss) j["val_loss"] = *m.val_loss;  // a non-finite value is written as null
+  if (m.val_ppl) j["val_ppl"] = *m.val_ppl;
   return j.dump();
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,14 +23,18 @@ struct StepMetrics {
   double eta_s = 0;          // estimated seconds to the end of the run
   int64_t peak_bytes = 0;    // peak allocator bytes on this rank's device during the step
   double mfu = -1;           // model FLOPs utilisation of one device in [0, 1]; < 0 when unknown (CPU, unknown GPU)
+  std::optional<double> val_loss;  // validation loss after this step; empty when no evaluation ran
+  std::optional<double> val_ppl;   // exp(val_loss), for models with tokens
 };
 
 /// "step 5/20 | loss 5.1234 | lr 3.00e-04 | grad_norm 1.234 | 12,345 tok/s | elapsed 1.2s | eta 3.4s"
 /// ("1,234 samples/s" instead of tok/s for models without tokens), then
-/// " | mfu 41.3% | peak 12.34 GB" when the MFU is known.
+/// " | mfu 41.3% | peak 12.34 GB" when the MFU is known, then
+/// " | val_loss 2.3456 (ppl 10.4)" after an evaluation (no ppl without tokens).
 std::string format_step_line(const StepMetrics& m);
 /// One JSON object (no newline) with keys step, loss, lr, grad_norm, samples_per_s, tokens_per_s (models with
-/// tokens), elapsed_s, peak_bytes, and mfu when it is known.
+/// tokens), elapsed_s, peak_bytes, mfu when it is known, and val_loss (and val_ppl for models with tokens)
+/// after an evaluation.
 std::string format_step_json(const StepMetrics& m);
 
 /// Appends JSON lines to a file; an empty path makes every call a no-op.

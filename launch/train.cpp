@@ -17,12 +17,14 @@
 #include "core/cpu/ops_cpu.h"
 #include "core/cpu/parallel.h"
 #include "core/cuda/cuda_runtime.h"
+#include "core/format.h"
 #include "core/ops.h"
 #include "core/profile.h"
 #include "core/watchdog.h"
 #include "fsdp/fsdp.h"
 #include "launch/checkpointing.h"
 #include "launch/data.h"
+#include "launch/eval.h"
 #include "launch/flops.h"
 #include "launch/metrics.h"
 #include "launch/plot_svg.h"
@@ -32,10 +34,6 @@
 namespace st::launch {
 
 namespace {
-
-// PyTorch's default ignore_index; our datasets never produce it, but a
-// tokens file may use it for padding.
-constexpr int64_t kIgnoreIndex = -100;
 
 using Clock = std::chrono::steady_clock;
 
@@ -196,6 +194,13 @@ struct StepStats {
   double lr = 0;         // learning rate the optimizer used
 };
 
+// This rank's time and allocator peak of one step, taken when its optimizer
+// step is done: an evaluation after it is not part of either.
+struct StepTime {
+  double seconds = 0;
+  int64_t peak_bytes = 0;
+};
+
 // One train() call: run() sets up, then per step runs step(), report() and
 // save(). Every rank calls each member function at the same point of the
 // run; most are collective. Members are declared in the order setup() fills
@@ -229,11 +234,21 @@ class Trainer {
   std::optional<double> forward_backward(float grad_scale);
   StepStats sync_gradients(int64_t done, int64_t count, double local_loss_sum);
 
-  // Not collective: times step `done` + 1 (begun at `step_start`), prints its
-  // line and appends its metrics when it is logged; returns whether it was.
-  bool report(int64_t done, const StepStats& stats, Clock::time_point step_start);
+  // Not collective: the time and peak of the step begun at `step_start`.
+  StepTime stop_clock(Clock::time_point step_start) const;
+  // Collective, after step `step` when evaluation_due(): the validation loss
+  // (launch/eval.h), logged with its time. The one place for what every
+  // evaluation does; later per-evaluation actions (a generated sample, a
+  // refreshed plot) belong here.
+  ValidationLoss evaluate(int64_t step);
+  // Not collective: prints step `done` + 1's line and appends its metrics
+  // when it is logged (every logging.interval steps, the last step, and a
+  // step that evaluated); returns whether it was.
+  bool report(int64_t done, const StepStats& stats, const StepTime& time, const std::optional<ValidationLoss>& val);
   // After the loop: waits for the last save, prints the profile table and the summary.
   TrainResult finish();
+  // ", val_loss L (best B at step S)" for the summary; "" when nothing was evaluated.
+  std::string eval_summary() const;
 
   // After step `done` + 1: agrees on a stop, commits a finished background
   // save and saves when due.
@@ -272,6 +287,8 @@ class Trainer {
   std::optional<fsdp::ShardedModel> sharded_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<Dataset> dataset_;
+  std::unique_ptr<Dataset> val_dataset_;  // with eval.interval > 0
+  std::optional<Evaluator> evaluator_;    // with eval.interval > 0
   std::optional<MetricsFile> metrics_;
   models::ModelFlops flops_;
   DType compute_dtype_ = DType::F32;
@@ -311,7 +328,10 @@ TrainResult Trainer::run() {
       save_after_stop(done);
       break;
     }
-    const bool logged = report(done, *stats, step_start);
+    const StepTime time = stop_clock(step_start);
+    std::optional<ValidationLoss> val;
+    if (evaluation_due(config_.eval, done + 1, tc_.steps)) val = evaluate(done + 1);
+    const bool logged = report(done, *stats, time, val);
     save(done);
     run_profile_->end(logged);
     if (plot_due(done) && done + 1 < last_step_) refresh_plot();
@@ -370,8 +390,15 @@ void Trainer::setup_data() {
   double scan_seconds = 0;
   run_on_every_rank(world_, [&] {
     dataset_ = make_dataset(config_);
+    if (config_.eval.interval > 0) {
+      val_dataset_ = make_validation_dataset(config_);
+      // Config::validate() refuses eval.interval without validation data.
+      ST_CHECK(val_dataset_ != nullptr, "eval.interval is {} but there is no validation data", config_.eval.interval);
+      evaluator_.emplace(config_, *val_dataset_, *model_, *sharded_, world_, device_);
+    }
     const auto t0 = Clock::now();
-    const std::string bad = dataset_->find_bad_token(world_.rank(), world_.size());
+    std::string bad = dataset_->find_bad_token(world_.rank(), world_.size());
+    if (bad.empty() && val_dataset_) bad = val_dataset_->find_bad_token(world_.rank(), world_.size());
     scan_seconds = seconds_since(t0);
     ST_CHECK(bad.empty(), "{}", bad);
   });
@@ -396,6 +423,14 @@ void Trainer::log_model() {
 
 void Trainer::log_run() const {
   log_.info0("data: {}", dataset_->describe());
+  if (evaluator_) {
+    log_.info0("validation: {}; every {} steps and after step {}: the first {} global batch(es), {} samples",
+               val_dataset_->describe(), config_.eval.interval, tc_.steps, config_.eval.batches,
+               config_.eval.batches * tc_.global_batch_size);
+  } else if (!config_.data.val_path.empty() || config_.data.val_fraction > 0) {
+    log_.warn0("{} is set but eval.interval is 0, so nothing is evaluated on it",
+               config_.data.val_path.empty() ? "data.val_fraction" : "data.val_path");
+  }
   log_.info0("device: {}{}, collectives over {}", device_.str(),
              device_.is_cuda() ? " (" + cuda::device_name(device_.index) + ")" : std::string(),
              fsdp_group_->backend_name());
@@ -547,10 +582,29 @@ StepStats Trainer::sync_gradients(int64_t done, int64_t count, double local_loss
   return stats;
 }
 
-bool Trainer::report(int64_t done, const StepStats& stats, Clock::time_point step_start) {
+StepTime Trainer::stop_clock(Clock::time_point step_start) const {
   // The step's GPU work (the optimizer's last kernels) is done before it is timed.
   if (device_.is_cuda()) cuda::synchronize(device_.index);
-  const double step_seconds = seconds_since(step_start);
+  return {seconds_since(step_start), allocator_->stats().peak_bytes};
+}
+
+ValidationLoss Trainer::evaluate(int64_t step) {
+  const auto t0 = Clock::now();
+  const ValidationLoss val = evaluator_->run();
+  if (device_.is_cuda()) cuda::synchronize(device_.index);
+  const double seconds = seconds_since(t0);
+  result_.evals.push_back({step, val.loss});
+  log_.info0("eval step {}: val_loss {:.4f}{} over {} in {:.3f} s", step, val.loss,
+             has_tokens_ ? format(" (ppl {:.1f})", std::exp(val.loss)) : std::string(),
+             has_tokens_ ? format("{} sequences ({} tokens)", with_commas(val.samples), with_commas(val.count))
+                         : format("{} samples", with_commas(val.samples)),
+             seconds);
+  return val;
+}
+
+bool Trainer::report(int64_t done, const StepStats& stats, const StepTime& time,
+                     const std::optional<ValidationLoss>& val) {
+  const double step_seconds = time.seconds;
   if (done > first_step_) timed_seconds_ += step_seconds;  // the first step includes warm-up
   result_.losses.push_back(stats.loss);
   const double elapsed = seconds_since(run_start_);
@@ -564,11 +618,15 @@ bool Trainer::report(int64_t done, const StepStats& stats, Clock::time_point ste
   sm.tokens_per_s = has_tokens_ ? static_cast<double>(tc_.seq_len) * sm.samples_per_s : -1.0;
   sm.elapsed_s = elapsed;
   sm.eta_s = elapsed / static_cast<double>(done + 1 - first_step_) * static_cast<double>(tc_.steps - done - 1);
-  sm.peak_bytes = allocator_->stats().peak_bytes;
+  sm.peak_bytes = time.peak_bytes;
+  if (val) {
+    sm.val_loss = val->loss;
+    if (has_tokens_) sm.val_ppl = std::exp(val->loss);
+  }
   // MFU per device: this rank's share of the tokens against one device's peak.
   if (device_peak_ > 0) sm.mfu = mfu(sm.tokens_per_s / world_.size(), flops_.flops_per_token, device_peak_);
   result_.peak_bytes = std::max(result_.peak_bytes, sm.peak_bytes);
-  const bool log_step = (done + 1) % config_.logging.interval == 0 || done + 1 == last_step_;
+  const bool log_step = (done + 1) % config_.logging.interval == 0 || done + 1 == last_step_ || val.has_value();
   if (log_step) {
     log_.info0("{}", format_step_line(sm));
     metrics_->append(sm);
@@ -596,11 +654,18 @@ TrainResult Trainer::finish() {
   const std::string rate = timed_steps <= 0 ? std::string("throughput n/a (one step, which includes warm-up)")
                            : has_tokens_    ? format("{:.0f} tokens/s", result_.tokens_per_s)
                                             : format("{:.0f} samples/s", result_.tokens_per_s);
-  log_.summary0("done: steps {}..{}, final loss {:.4f}, {}{}, peak {} on {}", first_step_ + 1, last_step_,
-                result_.losses.back(), rate,
+  log_.summary0("done: steps {}..{}, final loss {:.4f}{}, {}{}, peak {} on {}", first_step_ + 1, last_step_,
+                result_.losses.back(), eval_summary(), rate,
                 result_.mfu >= 0 ? format(" (MFU {:.1f}%)", 100.0 * result_.mfu) : std::string(),
                 human_bytes(result_.peak_bytes), device_.str());
   return result_;
+}
+
+std::string Trainer::eval_summary() const {
+  if (result_.evals.empty()) return {};
+  const auto best = std::min_element(result_.evals.begin(), result_.evals.end(),
+                                     [](const EvalPoint& a, const EvalPoint& b) { return a.loss < b.loss; });
+  return format(", val_loss {:.4f} (best {:.4f} at step {})", result_.evals.back().loss, best->loss, best->step);
 }
 
 void Trainer::save(int64_t done) {

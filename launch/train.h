@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "core/comm.h"
-#include "launch/config.h"
 #include "core/log.h"
+#include "launch/config.h"
 
 namespace st::launch {
 
@@ -19,9 +19,16 @@ struct TrainOptions {
   bool overwrite = false;  // move checkpoint.dir's checkpoints aside and start from step 0
 };
 
+/// One evaluation (launch/eval.h) of a run.
+struct EvalPoint {
+  int64_t step = 0;  // after this step
+  double loss = 0;   // validation loss, the same on every rank
+};
+
 struct TrainResult {
-  std::vector<double> losses;  // per completed step, mean over the global batch
-  double tokens_per_s = 0;     // mean throughput over the steps after the first (samples/s for the toy model)
+  std::vector<double> losses;    // per completed step, mean over the global batch
+  std::vector<EvalPoint> evals;  // the evaluations of this process, in step order
+  double tokens_per_s = 0;       // mean throughput over the steps after the first (samples/s for the toy model)
   int64_t num_parameters = 0;
   double mfu = -1;         // over the steps after the first; < 0 when unknown (CPU, unknown GPU)
   int64_t peak_bytes = 0;  // largest per-step peak of this rank's device allocator

@@ -39,7 +39,7 @@ TABLE_SLACK = 0.5
 FLOP_BOUND = 1e-3
 STEPS = 8
 
-PHASES = ["forward", "backward", "recompute", "grad sync", "optimizer", "data", "checkpoint", "other"]
+PHASES = ["forward", "backward", "recompute", "grad sync", "optimizer", "data", "checkpoint", "eval", "other"]
 ACTIVITIES = ["GEMM", "other ops", "wait all-gather", "wait reduce", "wait other comm", "MPI progress", "rest"]
 
 

@@ -11,8 +11,8 @@
 
 #include <gtest/gtest.h>
 
-#include "launch/config.h"
 #include "core/error.h"
+#include "launch/config.h"
 #include "tests/test_util.h"
 
 namespace st {
@@ -113,6 +113,10 @@ train:
 data:
   kind: text
   path: data/tiny.txt
+  val_fraction: 0.05
+eval:
+  interval: 10
+  batches: 2
 optim:
   name: sgd
   lr: 0.01
@@ -176,6 +180,10 @@ logging:
   EXPECT_EQ(c.train.device, DeviceKind::Cpu);
   EXPECT_EQ(c.data.kind, DataKind::Text);
   EXPECT_EQ(c.data.path, "data/tiny.txt");
+  EXPECT_EQ(c.data.val_path, "");
+  EXPECT_EQ(c.data.val_fraction, 0.05);
+  EXPECT_EQ(c.eval.interval, 10);
+  EXPECT_EQ(c.eval.batches, 2);
   EXPECT_EQ(c.optim.name, OptimizerKind::Sgd);
   EXPECT_EQ(c.optim.lr, 0.01);
   EXPECT_EQ(c.optim.weight_decay, 0.0);
@@ -251,16 +259,18 @@ TEST(Config, ConfigFileMustHoldSettings) {
   }
   const std::string list = d + "/list.yaml";
   std::ofstream(list) << "- model\n- train\n";
-  EXPECT_EQ(error_of([&] { load_config(list); }),
-            "expected a map of sections (model, train, data, optim, fsdp, checkpoint, comm, logging) at the top level "
-            "of " +
-                list + ", got a list");
+  EXPECT_EQ(
+      error_of([&] { load_config(list); }),
+      "expected a map of sections (model, train, data, eval, optim, fsdp, checkpoint, comm, logging) at the top level "
+      "of " +
+          list + ", got a list");
   const std::string scalar = d + "/scalar.yaml";
   std::ofstream(scalar) << "llama\n";
-  EXPECT_EQ(error_of([&] { load_config(scalar); }),
-            "expected a map of sections (model, train, data, optim, fsdp, checkpoint, comm, logging) at the top level "
-            "of " +
-                scalar + ", got 'llama'");
+  EXPECT_EQ(
+      error_of([&] { load_config(scalar); }),
+      "expected a map of sections (model, train, data, eval, optim, fsdp, checkpoint, comm, logging) at the top level "
+      "of " +
+          scalar + ", got 'llama'");
 }
 
 TEST(Config, UnknownSection) {
@@ -312,10 +322,10 @@ TEST(Config, WrongTypes) {
             "bad value for 'fsdp' at test.yaml:1: got 'FULL_SHARD', expected a map of its keys (sharding_strategy, "
             "shard_group_size, auto_wrap, mixed_precision, activation_checkpointing, forward_prefetch, "
             "limit_all_gathers)");
-  EXPECT_EQ(
-      load_error("- model\n"),
-      "expected a map of sections (model, train, data, optim, fsdp, checkpoint, comm, logging) at the top level of "
-      "test.yaml, got a list");
+  EXPECT_EQ(load_error("- model\n"),
+            "expected a map of sections (model, train, data, eval, optim, fsdp, checkpoint, comm, logging) at the top "
+            "level of "
+            "test.yaml, got a list");
 }
 
 TEST(Config, EnumTypoSuggestsTheClosestValue) {
@@ -469,6 +479,58 @@ TEST(Config, ValidateNamesTheKey) {
             "invalid value 0.001 for 'optim.schedule.min_lr': expected a number from 0 to optim.lr (0.0003)");
   EXPECT_EQ(validate_error([](Config& c) { c.data.kind = DataKind::Tokens; }),
             "invalid value \"\" for 'data.path': expected a file or directory (required when data.kind is tokens)");
+  EXPECT_EQ(validate_error([](Config& c) { c.eval.interval = -1; }),
+            "invalid value -1 for 'eval.interval': expected a number of steps >= 0 (0: never evaluate)");
+  EXPECT_EQ(validate_error([](Config& c) { c.eval.batches = 0; }),
+            "invalid value 0 for 'eval.batches': expected a positive integer");
+  // Synthetic data validates on generated samples of its own, so the keys for files are refused there.
+  EXPECT_EQ(validate_error([](Config& c) { c.eval.interval = 10; }), "<no error>");
+  EXPECT_EQ(validate_error([](Config& c) { c.data.val_path = "val.bin"; }),
+            "invalid value val.bin for 'data.val_path': expected \"\" for data.kind synthetic, which validates on "
+            "generated samples that training never sees");
+  EXPECT_EQ(validate_error([](Config& c) { c.data.val_fraction = 0.1; }),
+            "invalid value 0.1 for 'data.val_fraction': expected 0 for data.kind synthetic, which validates on "
+            "generated samples that training never sees");
+  auto text = [](Config& c) {
+    c.data.kind = DataKind::Text;
+    c.data.path = "train.txt";
+  };
+  EXPECT_EQ(validate_error([&](Config& c) {
+              text(c);
+              c.data.val_fraction = 1;
+            }),
+            "invalid value 1.0 for 'data.val_fraction': expected a fraction in [0, 1) (0: no held-out split)");
+  EXPECT_EQ(validate_error([&](Config& c) {
+              text(c);
+              c.data.val_fraction = -0.5;
+            }),
+            "invalid value -0.5 for 'data.val_fraction': expected a fraction in [0, 1) (0: no held-out split)");
+  EXPECT_EQ(validate_error([&](Config& c) {
+              text(c);
+              c.data.val_path = "val.txt";
+              c.data.val_fraction = 0.1;
+            }),
+            "invalid value 0.1 for 'data.val_fraction': expected 0 when data.val_path is set ('val.txt'): validation "
+            "data comes from one of the two");
+  // eval.interval > 0 needs validation data: an error naming the keys that give it.
+  EXPECT_EQ(validate_error([&](Config& c) {
+              text(c);
+              c.eval.interval = 5;
+            }),
+            "eval.interval is 5 but there is no validation data: set data.val_path (a file or directory like "
+            "data.path) or data.val_fraction (hold out the end of data.path), or eval.interval: 0");
+  EXPECT_EQ(validate_error([&](Config& c) {
+              text(c);
+              c.eval.interval = 5;
+              c.data.val_path = "val.txt";
+            }),
+            "<no error>");
+  EXPECT_EQ(validate_error([&](Config& c) {
+              text(c);
+              c.eval.interval = 5;
+              c.data.val_fraction = 0.1;
+            }),
+            "<no error>");
   EXPECT_EQ(validate_error([](Config& c) { c.fsdp.shard_group_size = -1; }),
             "invalid value -1 for 'fsdp.shard_group_size': expected a non-negative integer (0 = ranks per host)");
   EXPECT_EQ(validate_error([](Config& c) { c.fsdp.activation_checkpointing.n = 0; }),
@@ -551,8 +613,8 @@ TEST(Config, ToYamlRoundTrips) {
 
 TEST(Config, ConfigKeysCoverEveryKeyOnce) {
   const std::vector<ConfigKeyDoc> keys = config_keys();
-  // 12 model + 7 train + 4 data + 11 optim + 12 fsdp + 8 checkpoint + 5 logging (+ the rest).
-  EXPECT_EQ(keys.size(), 61u);
+  // 12 model + 7 train + 6 data + 2 eval + 11 optim + 12 fsdp + 9 checkpoint + 1 comm + 5 logging.
+  EXPECT_EQ(keys.size(), 65u);
   std::set<std::string> names;
   for (const ConfigKeyDoc& k : keys) {
     EXPECT_TRUE(names.insert(k.key).second) << "duplicate " << k.key;
@@ -582,6 +644,11 @@ TEST(Config, ConfigKeysCoverEveryKeyOnce) {
   EXPECT_EQ(find("data.path").default_value, "\"\"");
   EXPECT_EQ(find("data.token_dtype").type, "uint16 | uint32");
   EXPECT_EQ(find("data.token_dtype").default_value, "uint16");
+  EXPECT_EQ(find("data.val_path").type, "string");
+  EXPECT_EQ(find("data.val_fraction").type, "float");
+  EXPECT_EQ(find("data.val_fraction").default_value, "0.0");
+  EXPECT_EQ(find("eval.interval").default_value, "0");
+  EXPECT_EQ(find("eval.batches").type, "int");
   EXPECT_EQ(find("fsdp.auto_wrap.module_types").type, "list of strings");
   EXPECT_EQ(find("fsdp.auto_wrap.module_types").default_value, "[DecoderLayer]");
   EXPECT_EQ(find("logging.level").type, "debug | info | warn | error");
@@ -602,7 +669,8 @@ TEST(Config, DocsMatchTheHeaderComments) {
   }
   for (const ConfigKeyDoc& k : config_keys()) {
     const std::string comment = "// " + k.doc + "\n";
-    EXPECT_NE(header.str().find(comment), std::string::npos) << k.key << ": no comment '" << k.doc << "' in the */config.h headers";
+    EXPECT_NE(header.str().find(comment), std::string::npos)
+        << k.key << ": no comment '" << k.doc << "' in the */config.h headers";
     const std::string field = k.key.substr(k.key.rfind('.') + 1);
     const bool declared = header.str().find(" " + field + " = ") != std::string::npos ||
                           header.str().find(" " + field + ";") != std::string::npos;

@@ -16,9 +16,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "launch/config.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/tensor.h"
+#include "launch/config.h"
 #include "launch/data.h"
 #include "models/toy.h"
 
@@ -560,6 +561,73 @@ TEST(ToyDataset, ShapesDeterminismAndTheTeacher) {
   c.data.path = "x.txt";
   EXPECT_EQ(error_of([&] { make_dataset(c); }),
             "model.name toy trains on seeded random features, so data.kind must be synthetic (got text)");
+}
+
+// ---------------------------------------------------------------------------
+// Validation data.
+
+TEST(ValidationData, ValFractionHoldsOutTheLastSamples) {
+  TempDir dir;
+  const std::string path = dir.file("text.txt");
+  write_bytes(path, "abcdefghijklmnopqrstu");  // 21 bytes: (21 - 1) / 4 = 5 samples of 4
+  Config c = llama_config(DataKind::Text, path, 4, 256);
+  c.data.val_fraction = 0.3;  // ceil(0.3 x 5) = 2 held out
+  const auto train = make_dataset(c);
+  const auto val = make_validation_dataset(c);
+  ASSERT_EQ(train->size(), 3);
+  ASSERT_NE(val, nullptr);
+  ASSERT_EQ(val->size(), 2);
+  auto ints = [](const std::string& s) { return std::vector<int32_t>(s.begin(), s.end()); };
+  EXPECT_EQ(token_sample(*train, 2, 4).inputs, ints("ijkl"));
+  EXPECT_EQ(token_sample(*val, 0, 4).inputs, ints("mnop"));  // whole sample 3
+  EXPECT_EQ(token_sample(*val, 1, 4).targets, ints("rstu"));
+  EXPECT_NE(train->describe().find("training on samples [0, 3), the last 2 held out (data.val_fraction 0.3)"),
+            std::string::npos)
+      << train->describe();
+  EXPECT_NE(val->describe().find("the last 2 samples, [3, 5), held out"), std::string::npos) << val->describe();
+  // Nothing left to train on is an error naming the key.
+  write_bytes(path, "abcde");  // one sample
+  c.data.val_fraction = 0.1;
+  EXPECT_NE(error_of([&] { make_dataset(c); }).find("data.val_fraction 0.1 holds out 1 of the 1 samples"),
+            std::string::npos);
+}
+
+TEST(ValidationData, ValPathIsReadLikeDataPathAndNamedInErrors) {
+  TempDir dir;
+  const std::string train_path = dir.file("train.bin");
+  const std::string val_path = dir.file("val.bin");
+  write_bytes(train_path, headerless(ramp(0, 41), 2));
+  write_bytes(val_path, llmc_shard(20240520, 1, 9, ramp(100, 9), 2));  // an llm.c "_val_" shard
+  Config c = llama_config(DataKind::Tokens, train_path, 4, 1000);
+  EXPECT_EQ(make_validation_dataset(c), nullptr);  // no val_path, no val_fraction
+  c.data.val_path = val_path;
+  const auto val = make_validation_dataset(c);
+  ASSERT_EQ(val->size(), 2);
+  EXPECT_EQ(token_sample(*val, 1, 4).inputs, as_ints(ramp(100, 9), 4, 4));
+  EXPECT_EQ(make_dataset(c)->size(), 10);  // training keeps all of data.path
+  c.data.val_path = dir.file("missing.bin");
+  EXPECT_EQ(error_of([&] { make_validation_dataset(c); }),
+            format("tokens path '{}' (data.val_path) does not exist", c.data.val_path));
+  c.data.kind = DataKind::Text;
+  EXPECT_EQ(error_of([&] { make_validation_dataset(c); }),
+            format("text file '{}' (data.val_path) does not exist", c.data.val_path));
+}
+
+TEST(ValidationData, GeneratedDataHoldsOutSamplesTrainingNeverSees) {
+  Config c = llama_config(DataKind::Synthetic, "", 16, 256);
+  const auto train = make_dataset(c);
+  const auto val = make_validation_dataset(c);
+  ASSERT_EQ(val->size(), kSyntheticSamples);
+  // Validation sample i is walk kSyntheticSamples + i of the same chain: not
+  // one of the training walks, and the same every time.
+  EXPECT_NE(token_sample(*val, 0, 16).inputs, token_sample(*train, 0, 16).inputs);
+  EXPECT_EQ(token_sample(*val, 5, 16).inputs, token_sample(*make_validation_dataset(c), 5, 16).inputs);
+  EXPECT_NE(val->describe().find("walks 1,048,576 on (held out"), std::string::npos) << val->describe();
+
+  c.model.name = "toy";
+  const auto toy_val = make_validation_dataset(c);
+  ASSERT_EQ(toy_val->size(), kToySamples);
+  EXPECT_NE(toy_val->describe().find("draws 4,096 on (held out"), std::string::npos) << toy_val->describe();
 }
 
 TEST(LoadBatch, Errors) {
