@@ -82,10 +82,15 @@ TEST(KvCache, StepLogitsMatchTheFullForward) {
       pos += n;
       EXPECT_EQ(cache.length(), pos);
     }
-    // Logits here are O(1-10); the two paths differ only in the rounding of
-    // GEMMs over fewer rows (F32 sums of at most 96 products): ~1e-6.
-    EXPECT_LT(worst, 1e-4) << "tied " << tied;
+    // Not bit for bit: for one query row the CPU attention's tile products
+    // are matrix-vector products, for a tile of rows matrix products, which
+    // sum in another order. F32 rounding of sums of a few dozen terms: a
+    // relative 1e-6 of the largest logit, asserted with room to 1e-5.
+    double largest = 0;
+    for (float x : full) largest = std::max(largest, std::fabs(double(x)));
+    EXPECT_LT(worst, 1e-5 * largest) << "tied " << tied << ", largest logit " << largest;
     RecordProperty(tied ? "max_abs_diff_tied" : "max_abs_diff", std::to_string(worst));
+    RecordProperty(tied ? "largest_logit_tied" : "largest_logit", std::to_string(largest));
   }
 }
 
