@@ -368,12 +368,11 @@ void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin) {
 //
 // Tiled causal attention with an online softmax (FlashAttention's scheme):
 // queries and keys in tiles of kTile positions, so nothing of size T x T
-// exists; a tile pair's scores live in a kTile x kTile buffer. Forward also
-// takes fewer queries than keys (a KV cache's new tokens): query i then sits
-// at position offset + i, offset = Tk - Tq, and key tiles start at 0 as
-// they do in a full pass. Tiles are
+// exists; a tile pair's scores live in a kTile x kTile buffer. Tiles are
 // multiplied with Eigen on F32 scratch, inside the parallel region (ops::gemm
-// and its thread pool are never called from one).
+// and its thread pool are never called from one). Forward also takes fewer
+// queries than keys (a KV cache's new tokens): query i then sits at position
+// offset + i, offset = Tk - Tq, and key tiles start at 0 as in a full pass.
 //  - forward, in parallel over (batch, head, query tile): running row max m
 //    and sum l, out = acc / l, lse = m + log(l);
 //  - backward, in parallel over (batch, K/V head): P = exp(scale s - lse) tile
