@@ -64,12 +64,17 @@ void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin);
 void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin);
 
 /// Causal scaled-dot-product attention with grouped-query heads:
-/// out[b, t, h] = sum_{s<=t} softmax_s(q[b,t,h] . k[b,s,g] * scale) v[b,s,g],
-/// g = h / (H / KV). q, out [B, T, H, hd]; k, v [B, T, KV, hd]; KV divides H;
-/// scale = 1/sqrt(hd). lse F32 [B, H, T] receives each row's log-sum-exp of
-/// the scaled scores, so backward recomputes the probabilities exactly.
+/// out[b, t, h] = sum_{s<=p} softmax_s(q[b,t,h] . k[b,s,g] * scale) v[b,s,g],
+/// g = h / (H / KV), p = Tk - Tq + t the position of query t. q, out
+/// [B, Tq, H, hd]; k, v [B, Tk, KV, hd] with Tk >= Tq; KV divides H;
+/// scale = 1/sqrt(hd). Training has Tq == Tk; Tq < Tk is a KV cache: the
+/// queries are the last Tq positions of the keys (keys are visited in the same
+/// tiles as in a full pass, so a query's result differs from its row of the
+/// full pass only by the rounding of products over fewer query rows).
+/// lse F32 [B, H, Tq] receives each row's log-sum-exp of the scaled scores,
+/// so backward recomputes the probabilities exactly.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse);
-/// dq, dk, dv written (=); same shapes as q, k, v.
+/// dq, dk, dv written (=); same shapes as q, k, v; Tq == Tk only.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv);
 

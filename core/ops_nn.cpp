@@ -278,8 +278,13 @@ void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin) {
 
 namespace {
 
-// q [B, T, H, hd]; k, v [B, T, KV, hd] with KV dividing H; lse F32 [B, H, T].
-void check_attention_inputs(const char* op, const Arg& q, const Arg& k, const Arg& v, const Arg& lse) {
+// Whether k and v may hold more positions than q (forward, for a KV cache) or
+// exactly as many (backward).
+enum class KeyPositions : uint8_t { SameAsQueries, AtLeastQueries };
+
+// q [B, Tq, H, hd]; k, v [B, Tk, KV, hd] with KV dividing H; lse F32 [B, H, Tq].
+void check_attention_inputs(const char* op, const Arg& q, const Arg& k, const Arg& v, const Arg& lse,
+                            KeyPositions positions) {
   check_float(op, q);
   check_float(op, k);
   check_float(op, v);
@@ -288,10 +293,12 @@ void check_attention_inputs(const char* op, const Arg& q, const Arg& k, const Ar
   check_dim(op, k, 4, "[B, T, KV, head_dim]");
   const Shape& qs = q.t.shape();
   const Shape& ks = k.t.shape();
-  ST_CHECK(ks[0] == qs[0] && ks[1] == qs[1] && ks[3] == qs[3] && ks[2] > 0 && qs[2] % ks[2] == 0,
-           "{}: q has shape {} but k has shape {}; k must be [B, T, KV, head_dim] with q's B, T, head_dim and KV "
-           "dividing H",
-           op, shape_str(qs), shape_str(ks));
+  const bool same_t = positions == KeyPositions::SameAsQueries ? ks[1] == qs[1] : ks[1] >= qs[1];
+  ST_CHECK(ks[0] == qs[0] && same_t && ks[3] == qs[3] && ks[2] > 0 && qs[2] % ks[2] == 0,
+           "{}: q has shape {} but k has shape {}; k must be [B, T, KV, head_dim] with q's B and head_dim, {} "
+           "and KV dividing H",
+           op, shape_str(qs), shape_str(ks),
+           positions == KeyPositions::SameAsQueries ? "q's T" : "at least q's T positions");
   ST_CHECK(qs[3] > 0, "{}: q has shape {}; head_dim must be positive", op, shape_str(qs));
   check_same_shape(op, v, k);
   const Shape lse_shape{qs[0], qs[2], qs[1]};
@@ -304,7 +311,7 @@ void check_attention_inputs(const char* op, const Arg& q, const Arg& k, const Ar
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
   const char* op = "attention_forward";
   const Arg a_q{"q", q}, a_k{"k", k}, a_v{"v", v}, a_out{"out", out}, a_lse{"lse", lse};
-  check_attention_inputs(op, a_q, a_k, a_v, a_lse);
+  check_attention_inputs(op, a_q, a_k, a_v, a_lse, KeyPositions::AtLeastQueries);
   check_float(op, a_out);
   check_same_shape(op, a_out, a_q);
   // Every output element depends on whole rows of q, k, v: no aliasing at all.
@@ -325,7 +332,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   const char* op = "attention_backward";
   const Arg a_dout{"dout", dout}, a_q{"q", q}, a_k{"k", k}, a_v{"v", v}, a_out{"out", out}, a_lse{"lse", lse},
       a_dq{"dq", dq}, a_dk{"dk", dk}, a_dv{"dv", dv};
-  check_attention_inputs(op, a_q, a_k, a_v, a_lse);
+  check_attention_inputs(op, a_q, a_k, a_v, a_lse, KeyPositions::SameAsQueries);
   for (const Arg& a : {a_dout, a_out, a_dq, a_dk, a_dv}) check_float(op, a);
   check_same_shape(op, a_dout, a_q);
   check_same_shape(op, a_out, a_q);

@@ -1,5 +1,7 @@
 #include "models/hf_config.h"
 
+#include <optional>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -53,6 +55,54 @@ std::string hf_llama_config_json(const ModelConfig& m, std::string_view torch_dt
          {"use_cache", true},
          {"torch_dtype", torch_dtype}};
   return j.dump(2) + "\n";
+}
+
+namespace {
+
+// An integer key of config.json: `fallback` when absent, an error when absent without one.
+int64_t int_key(const json& j, const char* key, const std::string& where, std::optional<int64_t> fallback = {}) {
+  if (!j.contains(key) || j.at(key).is_null()) {
+    ST_CHECK(fallback.has_value(), "{} has no '{}'", where, key);
+    return *fallback;
+  }
+  ST_CHECK(j.at(key).is_number_integer(), "{}: '{}' is {}, expected an integer", where, key, j.at(key).dump());
+  return j.at(key).get<int64_t>();
+}
+
+double number_key(const json& j, const char* key, const std::string& where, double fallback) {
+  if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  ST_CHECK(j.at(key).is_number(), "{}: '{}' is {}, expected a number", where, key, j.at(key).dump());
+  return j.at(key).get<double>();
+}
+
+}  // namespace
+
+ModelConfig hf_llama_model_config(const std::string& text, const std::string& where) {
+  const json j = parse_object<json>(text, where);
+  const std::string type = j.value("model_type", std::string("llama"));
+  ST_CHECK(type == "llama", "{}: model_type '{}', expected 'llama'", where, type);
+  ST_CHECK(!j.contains("rope_scaling") || j.at("rope_scaling").is_null(), "{}: rope_scaling {} is not supported", where,
+           j.contains("rope_scaling") ? j.at("rope_scaling").dump() : "");
+  ModelConfig m;
+  m.name = "llama";
+  m.vocab_size = int_key(j, "vocab_size", where);
+  m.hidden_size = int_key(j, "hidden_size", where);
+  m.intermediate_size = int_key(j, "intermediate_size", where);
+  m.num_hidden_layers = int_key(j, "num_hidden_layers", where);
+  m.num_attention_heads = int_key(j, "num_attention_heads", where);
+  m.num_key_value_heads = int_key(j, "num_key_value_heads", where, m.num_attention_heads);
+  m.max_position_embeddings = int_key(j, "max_position_embeddings", where, 2048);
+  m.rope_theta = number_key(j, "rope_theta", where, 10000.0);
+  m.rms_norm_eps = number_key(j, "rms_norm_eps", where, 1e-6);
+  m.init_std = number_key(j, "initializer_range", where, 0.02);
+  m.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  if (m.num_attention_heads > 0) {
+    const int64_t head_dim = int_key(j, "head_dim", where, m.hidden_size / m.num_attention_heads);
+    ST_CHECK(head_dim * m.num_attention_heads == m.hidden_size,
+             "{}: head_dim {} is not hidden_size / num_attention_heads = {} / {} (not supported)", where, head_dim,
+             m.hidden_size, m.num_attention_heads);
+  }
+  return m;
 }
 
 std::string hf_config_with_torch_dtype(const std::string& text, std::string_view torch_dtype,

@@ -7,8 +7,8 @@
 #include <string_view>
 #include <vector>
 
-#include "models/config.h"
 #include "core/dtype.h"
+#include "models/config.h"
 
 namespace st::models {
 
@@ -21,6 +21,14 @@ std::string_view hf_torch_dtype(DType model_weights_dtype);
 
 /// config.json's text for `model` (a llama model config).
 std::string hf_llama_config_json(const ModelConfig& model, std::string_view torch_dtype);
+
+/// The model config a llama config.json `text` describes (model.name "llama";
+/// Hugging Face's defaults for absent optional keys: num_key_value_heads =
+/// num_attention_heads, max_position_embeddings 2048, rope_theta 10000,
+/// rms_norm_eps 1e-6, tie_word_embeddings false). Errors name `where` and the
+/// key: a missing size, another model_type, a head_dim other than
+/// hidden_size / num_attention_heads, rope_scaling (not supported).
+ModelConfig hf_llama_model_config(const std::string& text, const std::string& where);
 
 /// `text` (a config.json) with its torch_dtype replaced, when it has one;
 /// every other key as it was. `where` names the file in errors.

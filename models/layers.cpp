@@ -256,6 +256,35 @@ Tensor Attention::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+Tensor Attention::forward_cached(const Tensor& x, const AttentionCache& cache, int64_t start) {
+  ST_CHECK(x.defined() && x.dim() == 3 && x.size(0) == 1 && x.size(2) == hidden_,
+           "Attention: a cached step takes one sequence [1, n, {}], got {}", hidden_,
+           x.defined() ? shape_str(x.shape()) : std::string("undefined"));
+  const int64_t n = x.size(1), capacity = cache.k.size(1), end = start + n;
+  ST_CHECK(start >= 0 && end <= capacity, "Attention: positions [{}, {}) do not fit a KV cache of {} positions", start,
+           end, capacity);
+  // Tables for the cache's whole length, computed once; rows [start, end) are
+  // the positions of x (a table's rows do not depend on its length).
+  auto [cos_all, sin_all] = rope_->get(capacity, x.device());
+  const Tensor cos = cos_all.narrow0(start, n), sin = sin_all.narrow0(start, n);  // (n,hd)
+  Tensor q = q_proj_.forward(x).view({1, n, heads_, head_dim_});                  // (1,n,H,hd)
+  Tensor k = k_proj_.forward(x).view({1, n, kv_heads_, head_dim_});               // (1,n,KV,hd)
+  Tensor v = v_proj_.forward(x).view({1, n, kv_heads_, head_dim_});               // (1,n,KV,hd)
+  ops::rope_forward(q, cos, sin);
+  ops::rope_forward(k, cos, sin);
+  const int64_t row = kv_heads_ * head_dim_;
+  cache.k.view({capacity, row}).narrow0(start, n).copy_from(k.view({n, row}));
+  cache.v.view({capacity, row}).narrow0(start, n).copy_from(v.view({n, row}));
+  const Tensor keys =
+      cache.k.view({capacity, row}).narrow0(0, end).view({1, end, kv_heads_, head_dim_});  // (1,end,KV,hd)
+  const Tensor values =
+      cache.v.view({capacity, row}).narrow0(0, end).view({1, end, kv_heads_, head_dim_});  // (1,end,KV,hd)
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());                            // (1,n,H,hd)
+  Tensor lse = Tensor::empty({1, heads_, n}, DType::F32, q.device());                      // (1,H,n)
+  ops::attention_forward(q, keys, values, out, lse);
+  return o_proj_.forward(out.view({1, n, heads_ * head_dim_}));  // (1,n,D)
+}
+
 void Attention::release_saved() {
   q_ = Tensor();
   k_ = Tensor();
@@ -316,6 +345,15 @@ Tensor DecoderLayer::forward_impl(const Tensor& x) {
   Tensor h = self_attn_.forward(input_layernorm_.forward(x));  // (B,T,D)
   ops::add(x, h, h);
   Tensor y = mlp_.forward(post_attention_layernorm_.forward(h));  // (B,T,D)
+  ops::add(h, y, y);
+  return y;
+}
+
+Tensor DecoderLayer::forward_cached(const Tensor& x, const AttentionCache& cache, int64_t start) {
+  // forward_impl's residual sums, with the cached attention.
+  Tensor h = self_attn_.forward_cached(input_layernorm_.forward(x), cache, start);  // (1,n,D)
+  ops::add(x, h, h);
+  Tensor y = mlp_.forward(post_attention_layernorm_.forward(h));  // (1,n,D)
   ops::add(h, y, y);
   return y;
 }

@@ -114,6 +114,13 @@ class RopeCache {
   Tensor sin_;  // (T,hd) F32
 };
 
+/// One attention layer's keys (after rotary) and values for positions
+/// [0, capacity) of one sequence: what Attention::forward_cached reads and extends.
+struct AttentionCache {
+  Tensor k;  // (1,capacity,KV,hd) dtype of the layer's weights
+  Tensor v;  // (1,capacity,KV,hd)
+};
+
 /// Causal self-attention with rotary positions and grouped-query heads; the
 /// projections have no bias (Hugging Face LlamaAttention). Input [B, T, D].
 class Attention : public Module {
@@ -127,6 +134,14 @@ class Attention : public Module {
   Linear& k_proj() { return k_proj_; }
   Linear& v_proj() { return v_proj_; }
   Linear& o_proj() { return o_proj_; }
+
+  /// Inference with a KV cache: x [1, n, D] holds the tokens at positions
+  /// [start, start + n); their keys and values are written into `cache` and
+  /// they attend to positions [0, start + n) of it (positions < start must
+  /// hold earlier tokens). Returns [1, n, D]. The same ops as forward(), so a
+  /// row equals forward()'s row for that position up to the rounding of
+  /// products over fewer rows; nothing is saved for backward.
+  Tensor forward_cached(const Tensor& x, const AttentionCache& cache, int64_t start);
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -185,6 +200,11 @@ class DecoderLayer : public Module {
   Attention& self_attn() { return self_attn_; }
   RMSNorm& post_attention_layernorm() { return post_attention_layernorm_; }
   MLP& mlp() { return mlp_; }
+
+  /// forward() with the attention's KV cache (Attention::forward_cached):
+  /// x [1, n, D] at positions [start, start + n). Its children run through
+  /// forward(), so call release_saved_recursive() afterwards.
+  Tensor forward_cached(const Tensor& x, const AttentionCache& cache, int64_t start);
 
  protected:
   Tensor forward_impl(const Tensor& x) override;

@@ -66,10 +66,56 @@ Tensor Llama::forward_impl(const Tensor& tokens) {
   return lm_head_.forward(h);         // (B,T,V)
 }
 
+Tensor Llama::forward_step(const Tensor& tokens, KVCache& cache, int64_t start, StepLogits which) {
+  ST_CHECK(tokens.defined() && tokens.dtype() == DType::I32 && tokens.dim() == 2 && tokens.size(0) == 1 &&
+               tokens.size(1) > 0,
+           "Llama::forward_step: tokens must be I32 [1, n] with n >= 1, got {}",
+           tokens.defined() ? tokens.str() : std::string("undefined"));
+  const int64_t n = tokens.size(1);
+  ST_CHECK(start >= 0 && start <= cache.length(),
+           "Llama::forward_step: start position {} is past the {} position(s) the KV cache holds", start,
+           cache.length());
+  ST_CHECK(start + n <= cache.capacity(), "Llama::forward_step: positions [{}, {}) exceed the KV cache's {} positions",
+           start, start + n, cache.capacity());
+  ST_CHECK(cache.num_layers() == model_.layers().size(),
+           "Llama::forward_step: the KV cache has {} layers, the model {}", cache.num_layers(), model_.layers().size());
+  const DType weights = model_.embed_tokens().weight().value.dtype();
+  ST_CHECK(cache.dtype() == weights, "Llama::forward_step: the KV cache holds {} but the weights are {}",
+           dtype_name(cache.dtype()), dtype_name(weights));
+  cache.length_ = start;                             // what the layers write next is position `start`
+  Tensor h = model_.embed_tokens().forward(tokens);  // (1,n,D)
+  for (size_t i = 0; i < model_.layers().size(); ++i) h = model_.layer(i).forward_cached(h, cache.layers_[i], start);
+  if (which == StepLogits::Last) h = h.view({n, h.size(2)}).narrow0(n - 1, 1).view({1, 1, h.size(2)});  // (1,1,D)
+  h = model_.norm().forward(h);                                                                         // (1,n|1,D)
+  Tensor logits = lm_head_.forward(h);                                                                  // (1,n|1,V)
+  cache.length_ = start + n;
+  release_saved_recursive();
+  return logits;
+}
+
 Tensor Llama::backward_impl(const Tensor& dlogits) {
   Tensor dh = lm_head_.backward(dlogits);  // (B,T,D)
   model_.backward(dh);
   return Tensor();
+}
+
+// --- KVCache ------------------------------------------------------------------------
+
+KVCache::KVCache(const ModelConfig& config, int64_t capacity, DType dtype, Device device) : capacity_(capacity) {
+  config.validate();
+  ST_CHECK(capacity > 0 && capacity <= config.max_position_embeddings,
+           "KVCache: capacity {} must be in [1, model.max_position_embeddings = {}]", capacity,
+           config.max_position_embeddings);
+  const int64_t head_dim = config.hidden_size / config.num_attention_heads;
+  const Shape shape{1, capacity, config.num_key_value_heads, head_dim};
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    layers_.push_back({Tensor::zeros(shape, dtype, device), Tensor::zeros(shape, dtype, device)});
+  }
+}
+
+void KVCache::truncate(int64_t length) {
+  ST_CHECK(length >= 0 && length <= length_, "KVCache::truncate({}): the cache holds {} position(s)", length, length_);
+  length_ = length;
 }
 
 // --- the model table's entries -----------------------------------------------------

@@ -14,6 +14,7 @@
 //       norm: RMSNorm                      model.norm.weight
 //     lm_head: Linear                      lm_head.weight (absent when tie_word_embeddings)
 #include <memory>
+#include <vector>
 
 #include "models/layers.h"
 #include "models/model.h"
@@ -47,6 +48,32 @@ class LlamaModel : public Module {
   RMSNorm& norm_;
 };
 
+/// Keys and values of every decoder layer for the positions of one sequence
+/// seen so far: a Llama's inference state (Llama::forward_step).
+class KVCache {
+ public:
+  /// Room for `capacity` positions (at most model.max_position_embeddings)
+  /// of one sequence; `dtype` must be the dtype of the model's weights.
+  KVCache(const ModelConfig& config, int64_t capacity, DType dtype, Device device = Device::cpu());
+  int64_t capacity() const { return capacity_; }
+  /// Positions [0, length()) hold keys and values.
+  int64_t length() const { return length_; }
+  DType dtype() const { return layers_.front().k.dtype(); }
+  /// Forgets positions from `length` on (0: start a new sequence).
+  void truncate(int64_t length);
+  const AttentionCache& layer(size_t i) const { return layers_[i]; }
+  size_t num_layers() const { return layers_.size(); }
+
+ private:
+  friend class Llama;
+  int64_t capacity_ = 0;
+  int64_t length_ = 0;
+  std::vector<AttentionCache> layers_;
+};
+
+/// Which positions' logits Llama::forward_step returns.
+enum class StepLogits : uint8_t { All, Last };
+
 /// forward(tokens I32 [B, T]) -> logits [B, T, V] (dtype of the weights);
 /// backward(dlogits [B, T, V]) -> undefined tensor (tokens have no gradient).
 class Llama : public Model {
@@ -61,6 +88,17 @@ class Llama : public Model {
   const ModelConfig& config() const { return config_; }
   LlamaModel& model() { return model_; }
   Linear& lm_head() { return lm_head_; }
+
+  /// Inference with a KV cache, one sequence: tokens I32 [1, n] at positions
+  /// [start, start + n), start <= cache.length() (a smaller start overwrites
+  /// later positions); afterwards cache.length() is start + n. Returns logits
+  /// [1, n, V] (StepLogits::All) or [1, 1, V] for the last position only
+  /// (StepLogits::Last: a prompt's lm_head rows are not computed). The same
+  /// ops as forward(tokens) over positions [0, start + n): rows agree with its
+  /// rows up to the rounding of GEMMs over fewer rows. Runs the modules
+  /// without hooks or wrappers, so it is for a plain (unsharded) model, and
+  /// saves nothing for backward.
+  Tensor forward_step(const Tensor& tokens, KVCache& cache, int64_t start, StepLogits which = StepLogits::All);
 
  protected:
   Tensor forward_impl(const Tensor& tokens) override;

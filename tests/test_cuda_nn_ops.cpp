@@ -419,6 +419,32 @@ TEST(CudaAttention, ForwardMatchesCpu) {
   }
 }
 
+// A KV cache's step: fewer queries than keys (the last Tq of Tk positions).
+TEST(CudaAttention, FewerQueriesThanKeysMatchCpu) {
+  if (st::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  uint32_t seed = 750;
+  for (const AttnCase& c : kAttnCases) {
+    for (int64_t tq : {int64_t{1}, c.t / 2 + 1}) {
+      for (DType dt : kDtypes) {
+        const Shape q_shape{c.b, tq, c.h, c.hd};
+        const Shape kv_shape{c.b, c.t, c.kv, c.hd};
+        const Tensor q = random_tensor(q_shape, dt, ++seed);
+        const Tensor k = random_tensor(kv_shape, dt, ++seed);
+        const Tensor v = random_tensor(kv_shape, dt, ++seed);
+        const Tensor out_cpu = Tensor::zeros(q_shape, dt);
+        const Tensor lse_cpu = Tensor::zeros({c.b, c.h, tq}, DType::F32);
+        st::ops::attention_forward(q, k, v, out_cpu, lse_cpu);
+        const Tensor out_gpu = Tensor::zeros(q_shape, dt, kGpu);
+        const Tensor lse_gpu = Tensor::zeros({c.b, c.h, tq}, DType::F32, kGpu);
+        st::ops::attention_forward(gpu(q), gpu(k), gpu(v), out_gpu, lse_gpu);
+        const std::string what = attn_name("cached attention_forward", c) + " Tq=" + std::to_string(tq);
+        expect_close(what + " out", out_gpu, out_cpu, kAttentionF32Tol);
+        expect_close(what + " lse", lse_gpu, lse_cpu, kAttentionF32Tol);
+      }
+    }
+  }
+}
+
 TEST(CudaAttention, BackwardMatchesCpu) {
   if (st::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   uint32_t seed = 800;

@@ -678,6 +678,37 @@ TEST_P(Attention, RecomputationIsBitIdentical) {
   expect_bitwise_equal("attention dv", dv[0], dv[1]);
 }
 
+// The last `n` positions of x [B, T, heads, hd].
+std::vector<float> last_positions(const std::vector<float>& x, const AttnDims& d, int64_t heads, int64_t n) {
+  std::vector<float> out;
+  const int64_t row = heads * d.hd;
+  for (int64_t b = 0; b < d.b; ++b) {
+    const auto first = x.begin() + (b * d.t + d.t - n) * row;
+    out.insert(out.end(), first, first + n * row);
+  }
+  return out;
+}
+
+// A KV cache's step: the last tq queries against all T keys give the rows of
+// the full pass for those positions (same key tiles, same softmax; the
+// products' rounding may differ with the number of query rows).
+TEST_P(Attention, FewerQueriesThanKeysGiveTheLastRows) {
+  const AttnDims d = GetParam();
+  const AttnInputs in = attention_inputs(d, 53);
+  const Shape qs{d.b, d.t, d.h, d.hd}, ks{d.b, d.t, d.kv, d.hd};
+  Tensor out = Tensor::zeros(qs, DType::F32), lse = Tensor::zeros({d.b, d.h, d.t}, DType::F32);
+  st::ops::attention_forward(make(in.q, qs), make(in.k, ks), make(in.v, ks), out, lse);
+  for (int64_t tq : {int64_t{1}, std::min<int64_t>(2, d.t), d.t}) {
+    const Shape tail{d.b, tq, d.h, d.hd};
+    Tensor part = Tensor::full(tail, std::nan(""), DType::F32), part_lse = Tensor::zeros({d.b, d.h, tq}, DType::F32);
+    st::ops::attention_forward(make(last_positions(in.q, d, d.h, tq), tail), make(in.k, ks), make(in.v, ks), part,
+                               part_lse);
+    expect_forward_close("cached attention out", to_double(part),
+                         to_double(last_positions(out.to_floats(), d, d.h, tq)), 1e-6);
+    if (tq == d.t) expect_bitwise_equal("attention with Tq == Tk", part, out);
+  }
+}
+
 // "B2_T5_H4_KV2_hd6". A stream, not operator+ chains, which GCC 12 warns about.
 std::string attention_case_name(const ::testing::TestParamInfo<AttnDims>& param) {
   const AttnDims& d = param.param;
@@ -707,6 +738,15 @@ TEST(AttentionErrors, ShapeMismatchNamesBothShapes) {
   EXPECT_TRUE(contains(msg, "lse") && contains(msg, "[2, 5, 4]") && contains(msg, "[2, 4, 5]")) << msg;
   msg = error_of([&] { st::ops::attention_forward(q, k, k, q, lse); });
   EXPECT_TRUE(contains(msg, "overlaps")) << msg;
+  // More queries than keys, and backward with fewer: both name the shapes.
+  Tensor k4 = Tensor::zeros({2, 4, 2, 6}, DType::F32);
+  msg = error_of([&] { st::ops::attention_forward(q, k4, k4, out, lse); });
+  EXPECT_TRUE(contains(msg, "[2, 5, 4, 6]") && contains(msg, "[2, 4, 2, 6]")) << msg;
+  Tensor q4 = Tensor::zeros({2, 4, 4, 6}, DType::F32), lse4 = Tensor::zeros({2, 4, 4}, DType::F32);
+  Tensor dq4 = Tensor::zeros({2, 4, 4, 6}, DType::F32), dk = Tensor::zeros({2, 5, 2, 6}, DType::F32);
+  Tensor dv = Tensor::zeros({2, 5, 2, 6}, DType::F32);
+  msg = error_of([&] { st::ops::attention_backward(q4, q4, k, k, q4, lse4, dq4, dk, dv); });
+  EXPECT_TRUE(contains(msg, "[2, 4, 4, 6]") && contains(msg, "[2, 5, 2, 6]") && contains(msg, "q's T")) << msg;
 }
 
 // ---------------------------------------------------------------- SwiGLU

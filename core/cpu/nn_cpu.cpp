@@ -370,7 +370,9 @@ void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin) {
 // queries and keys in tiles of kTile positions, so nothing of size T x T
 // exists; a tile pair's scores live in a kTile x kTile buffer. Tiles are
 // multiplied with Eigen on F32 scratch, inside the parallel region (ops::gemm
-// and its thread pool are never called from one).
+// and its thread pool are never called from one). Forward also takes fewer
+// queries than keys (a KV cache's new tokens): query i then sits at position
+// offset + i, offset = Tk - Tq, and key tiles start at 0 as in a full pass.
 //  - forward, in parallel over (batch, head, query tile): running row max m
 //    and sum l, out = acc / l, lse = m + log(l);
 //  - backward, in parallel over (batch, K/V head): P = exp(scale s - lse) tile
@@ -383,6 +385,8 @@ constexpr int64_t kTile = 64;
 
 struct AttentionDims {
   int64_t batch, seq, heads, kv_heads, hd, group, tiles;
+  int64_t kv_seq;  // Tk: key/value positions (== seq in a full pass and in backward)
+  int64_t offset;  // Tk - Tq: the position of query 0
   float scale;
 };
 
@@ -395,21 +399,25 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k) {
   d.kv_heads = k.size(2);
   d.group = d.heads / d.kv_heads;
   d.tiles = (d.seq + kTile - 1) / kTile;
+  d.kv_seq = k.size(1);
+  d.offset = d.kv_seq - d.seq;
   d.scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
   return d;
 }
 
 // Positions [t0, t0 + n) of head `head` of batch row b of x [B, T, heads, hd]
-// into dst (n, hd), as F32.
+// (T = x's own length: Tq for q, Tk for k and v) into dst (n, hd), as F32.
 void gather_rows(const Tensor& x, int64_t b, int64_t head, int64_t heads, int64_t t0, int64_t n, const AttentionDims& d,
                  float* dst) {
-  for (int64_t t = 0; t < n; ++t) gather(x, ((b * d.seq + t0 + t) * heads + head) * d.hd, d.hd, dst + t * d.hd);
+  const int64_t seq = x.size(1);
+  for (int64_t t = 0; t < n; ++t) gather(x, ((b * seq + t0 + t) * heads + head) * d.hd, d.hd, dst + t * d.hd);
 }
 
 // src (n, hd) into positions [t0, t0 + n) of head `head` of batch row b of x.
 void scatter_rows(const float* src, const Tensor& x, int64_t b, int64_t head, int64_t heads, int64_t t0, int64_t n,
                   const AttentionDims& d) {
-  for (int64_t t = 0; t < n; ++t) commit(src + t * d.hd, x, ((b * d.seq + t0 + t) * heads + head) * d.hd, d.hd);
+  const int64_t seq = x.size(1);
+  for (int64_t t = 0; t < n; ++t) commit(src + t * d.hd, x, ((b * seq + t0 + t) * heads + head) * d.hd, d.hd);
 }
 
 // Keys of a tile starting at k0 that query position `pos` may see (causal).
@@ -424,11 +432,12 @@ struct OnlineRows {
 
 // Folds the scores s (qn, kn) of one key tile into the rows: s becomes the
 // tile's unnormalised probabilities exp(scale s - m_new), 0 where masked.
-void online_softmax_tile(float* s, int64_t q0, int64_t qn, int64_t k0, int64_t kn, const AttentionDims& d,
+// p0 is the position of the tile's first query.
+void online_softmax_tile(float* s, int64_t p0, int64_t qn, int64_t k0, int64_t kn, const AttentionDims& d,
                          const OnlineRows& rows) {
   for (int64_t t = 0; t < qn; ++t) {
     float* row = s + t * kn;
-    const int64_t visible = visible_keys(q0 + t, k0, kn);
+    const int64_t visible = visible_keys(p0 + t, k0, kn);
     float tile_max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < visible; ++j) {
       row[j] *= d.scale;
@@ -446,7 +455,8 @@ void online_softmax_tile(float* s, int64_t q0, int64_t qn, int64_t k0, int64_t k
   }
 }
 
-// One query tile of one head: out rows and lse for positions [q0, q0 + qn).
+// One query tile of one head: out rows and lse for queries [q0, q0 + qn)
+// (positions offset + q0, ...).
 void attention_forward_tile(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float* lse_rows,
                             int64_t b, int64_t h, int64_t q0, const AttentionDims& d) {
   const int64_t qn = std::min(kTile, d.seq - q0);
@@ -462,14 +472,15 @@ void attention_forward_tile(const Tensor& q, const Tensor& k, const Tensor& v, c
   gather_rows(q, b, h, d.heads, q0, qn, d, qb);
   const MatrixMap qm(qb, qn, d.hd);
   MatrixMap accm(rows.acc, qn, d.hd);
-  for (int64_t k0 = 0; k0 < q0 + qn; k0 += kTile) {
-    const int64_t kn = std::min(kTile, d.seq - k0);
+  const int64_t p0 = d.offset + q0;  // position of the tile's first query
+  for (int64_t k0 = 0; k0 < p0 + qn; k0 += kTile) {
+    const int64_t kn = std::min(kTile, d.kv_seq - k0);
     gather_rows(k, b, g, d.kv_heads, k0, kn, d, kb);
     gather_rows(v, b, g, d.kv_heads, k0, kn, d, vb);
     const MatrixMap km(kb, kn, d.hd), vm(vb, kn, d.hd);
     MatrixMap sm(sb, qn, kn);
     sm.noalias() = qm * km.transpose();
-    online_softmax_tile(sb, q0, qn, k0, kn, d, rows);
+    online_softmax_tile(sb, p0, qn, k0, kn, d, rows);
     accm.noalias() += sm * vm;
   }
   for (int64_t t = 0; t < qn; ++t) {

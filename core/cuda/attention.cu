@@ -1,9 +1,11 @@
 // Causal grouped-query attention on the GPU (core/ops.h), the CPU backend's
 // algorithm (core/cpu/nn_cpu.cpp) with cuBLAS for the products:
 //  - per query head h (K/V head g = h / (H / KV)), batched over b: scores
-//    S = Q K^T into an F32 [B, T, T] scratch, a causal softmax kernel that
+//    S = Q K^T into an F32 [B, Tq, Tk] scratch, a causal softmax kernel that
 //    writes lse and turns S into P = exp(scale * S - lse) in place, then
-//    O = P V. Scratch is one head's [B, T, T], so memory stays bounded.
+//    O = P V. Scratch is one head's [B, Tq, Tk], so memory stays bounded.
+//    Forward takes Tq <= Tk (a KV cache's new tokens): query t sits at
+//    position Tk - Tq + t. Backward has Tq == Tk.
 //  - backward recomputes P from q, k and lse exactly as the forward formed it,
 //    then dV += P^T dO, dP = dO V^T, dS = scale * P o (dP - rowsum(dO o O)),
 //    dQ = dS K, dK += dS^T Q. dK and dV sum over the query heads of a group in
@@ -144,24 +146,26 @@ __device__ __forceinline__ float prob(float s, float scale, float lse) {
   return expf(__fsub_rn(__fmul_rn(s, scale), lse));
 }
 
-// Block (t, b): row t of batch b's scores [T, T] for head `head`. Writes
-// lse[b, head, t] and replaces the row with the causal probabilities (0 above
-// the diagonal). Each thread reads only the elements it writes after the
-// reductions, so the row is turned over in place.
-__global__ void causal_softmax_kernel(float* scores, float* lse, int64_t seq, int64_t heads, int64_t head,
-                                      float scale) {
+// Block (t, b): row t of batch b's scores [Tq, Tk] for head `head`; query t
+// sits at position pos = Tk - Tq + t and sees keys j <= pos. Writes
+// lse[b, head, t] and replaces the row with the causal probabilities (0 past
+// pos). Each thread reads only the elements it writes after the reductions,
+// so the row is turned over in place.
+__global__ void causal_softmax_kernel(float* scores, float* lse, int64_t seq, int64_t kv_seq, int64_t heads,
+                                      int64_t head, float scale) {
   const int64_t t = blockIdx.x;
   const int64_t b = blockIdx.y;
-  float* row = scores + (b * seq + t) * seq;
+  const int64_t pos = kv_seq - seq + t;
+  float* row = scores + (b * seq + t) * kv_seq;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, __fmul_rn(row[j], scale));
+  for (int64_t j = threadIdx.x; j <= pos; j += blockDim.x) m = fmaxf(m, __fmul_rn(row[j], scale));
   m = block_reduce(m, Max{}, -INFINITY);
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) sum += expf(__fsub_rn(__fmul_rn(row[j], scale), m));
+  for (int64_t j = threadIdx.x; j <= pos; j += blockDim.x) sum += expf(__fsub_rn(__fmul_rn(row[j], scale), m));
   sum = block_reduce(sum, Sum{}, 0.0f);
   const float row_lse = m + logf(sum);
   if (threadIdx.x == 0) lse[(b * heads + head) * seq + t] = row_lse;
-  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) row[j] = j <= t ? prob(row[j], scale, row_lse) : 0.0f;
+  for (int64_t j = threadIdx.x; j < kv_seq; j += blockDim.x) row[j] = j <= pos ? prob(row[j], scale, row_lse) : 0.0f;
 }
 
 // Block (t, b): the same probabilities from the saved lse, in place.
@@ -203,6 +207,7 @@ __global__ void dscores_kernel(const float* probs, float* dscores, const float* 
 
 struct Dims {
   int64_t batch, seq, heads, kv_heads, hd, group;
+  int64_t kv_seq;  // Tk (== seq in backward)
   float scale;
 };
 
@@ -213,10 +218,11 @@ Dims dims_of(const Tensor& q, const Tensor& k) {
   d.heads = q.size(2);
   d.hd = q.size(3);
   d.kv_heads = k.size(2);
+  d.kv_seq = k.size(1);
   d.group = d.kv_heads > 0 ? d.heads / d.kv_heads : 1;
   d.scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
   const int64_t int_max = std::numeric_limits<int>::max();
-  ST_CHECK(d.seq <= int_max && d.heads * d.hd <= int_max && d.batch <= int_max && d.batch <= 65535,
+  ST_CHECK(d.kv_seq <= int_max && d.heads * d.hd <= int_max && d.batch <= int_max && d.batch <= 65535,
            "attention: q has shape {}; the CUDA kernels take B <= 65535 and T, H * head_dim below 2^31",
            shape_str(q.shape()));
   return d;
@@ -229,7 +235,7 @@ struct HeadMats {
     return {q.data<float>() + h * d.hd, d.heads * d.hd, d.seq * d.heads * d.hd};
   }
   Mat kv_head(const Tensor& k, int64_t g) const {
-    return {k.data<float>() + g * d.hd, d.kv_heads * d.hd, d.seq * d.kv_heads * d.hd};
+    return {k.data<float>() + g * d.hd, d.kv_heads * d.hd, d.kv_seq * d.kv_heads * d.hd};
   }
   Mat square(const Tensor& s) const { return {s.data<float>(), d.seq, d.seq * d.seq}; }
 };
@@ -245,23 +251,24 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   cublasHandle_t handle = cublas_handle(device);
   const HeadMats mats{d};
 
-  const Tensor qf = as_f32(q, stream);                                                   // (B, T, H, hd)
-  const Tensor kf = as_f32(k, stream);                                                   // (B, T, KV, hd)
-  const Tensor vf = as_f32(v, stream);                                                   // (B, T, KV, hd)
-  const Tensor of = f32_result(out);                                                     // (B, T, H, hd)
-  const Tensor scores = Tensor::empty({d.batch, d.seq, d.seq}, DType::F32, q.device());  // (B, T, T) one head
+  const Tensor qf = as_f32(q, stream);                                                      // (B, Tq, H, hd)
+  const Tensor kf = as_f32(k, stream);                                                      // (B, Tk, KV, hd)
+  const Tensor vf = as_f32(v, stream);                                                      // (B, Tk, KV, hd)
+  const Tensor of = f32_result(out);                                                        // (B, Tq, H, hd)
+  const Tensor scores = Tensor::empty({d.batch, d.seq, d.kv_seq}, DType::F32, q.device());  // (B, Tq, Tk) one head
   const dim3 rows(static_cast<unsigned>(d.seq), static_cast<unsigned>(d.batch));
+  const Mat probs{scores.data<float>(), d.kv_seq, d.seq * d.kv_seq};
 
   for (int64_t h = 0; h < d.heads; ++h) {
     const int64_t g = h / d.group;
     // S^T = K Q^T in cuBLAS's terms is S = Q K^T row-major: raw scores q_t . k_s.
-    gemm_f32(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.seq, d.seq, d.hd, mats.kv_head(kf, g), mats.q_head(qf, h), 0.0f,
-             scores.data<float>(), d.seq, d.seq * d.seq, d.batch);
-    causal_softmax_kernel<<<rows, kThreads, 0, stream>>>(scores.data<float>(), lse.data<float>(), d.seq, d.heads, h,
-                                                         d.scale);
+    gemm_f32(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.kv_seq, d.seq, d.hd, mats.kv_head(kf, g), mats.q_head(qf, h), 0.0f,
+             scores.data<float>(), d.kv_seq, d.seq * d.kv_seq, d.batch);
+    causal_softmax_kernel<<<rows, kThreads, 0, stream>>>(scores.data<float>(), lse.data<float>(), d.seq, d.kv_seq,
+                                                         d.heads, h, d.scale);
     CUDA_CHECK_LAUNCH();
     // O^T = V^T P^T, i.e. O = P V row-major, into head h of the output.
-    gemm_f32(handle, CUBLAS_OP_N, CUBLAS_OP_N, d.hd, d.seq, d.seq, mats.kv_head(vf, g), mats.square(scores), 0.0f,
+    gemm_f32(handle, CUBLAS_OP_N, CUBLAS_OP_N, d.hd, d.seq, d.kv_seq, mats.kv_head(vf, g), probs, 0.0f,
              of.data<float>() + h * d.hd, d.heads * d.hd, d.seq * d.heads * d.hd, d.batch);
   }
   store_result(of, out, stream);

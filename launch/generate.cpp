@@ -1,0 +1,415 @@
+// generate: continue a prompt with a trained model, in one process (issue 15).
+//
+//   generate --checkpoint DIR|auto --prompt TEXT [--max-new-tokens N] [--temperature T]
+//            [--top-k K] [--top-p P] [--seed S] [--root DIR | --config FILE]
+//            [--tokenizer FILE] [--threads N] [--json]
+//
+// DIR is any checkpoint of the trainer (unified or sharded, saved at any world
+// size), a checkpoint root (its newest complete checkpoint), or a Hugging Face
+// llama directory (config.json + model*.safetensors). The weights load in F32
+// from the master weights when the checkpoint has them, else from model-*;
+// the model config comes from trainer_state.json's copy of the run's YAML,
+// else from config.json. Tokens stream to stdout; a tokens/s line goes to
+// stderr. Only main() catches st::Error: one line, exit 1.
+#include "models/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/commit.h"
+#include "checkpoint/index.h"
+#include "checkpoint/state.h"
+#include "core/cpu/parallel.h"
+#include "core/error.h"
+#include "core/format.h"
+#include "launch/config.h"
+#include "launch/tokenizer.h"
+#include "models/hf_config.h"
+#include "models/llama.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using st::format;
+using st::launch::Tokenizer;
+
+// ---- command line ----------------------------------------------------------------
+
+/// Command line of `generate`.
+struct GenerateArgs {
+  bool help = false;
+  std::string checkpoint;             // --checkpoint DIR|auto
+  std::string root;                   // --root DIR: where `auto` looks
+  std::string config;                 // --config FILE: `auto` looks in its checkpoint.dir
+  std::optional<std::string> prompt;  // --prompt TEXT (required)
+  std::string tokenizer;              // --tokenizer FILE: a SentencePiece model instead of the checkpoint's
+  int threads = 0;                    // --threads N: CPU threads; 0 = the cores this process may use
+  bool json = false;                  // --json: one JSON object at the end instead of streaming
+  st::models::SampleOptions sample;   // --max-new-tokens, --temperature, --top-k, --top-p, --seed
+};
+
+std::string generate_usage() {
+  return "usage: generate --checkpoint DIR|auto --prompt TEXT [options]\n\n"
+         "  --checkpoint DIR   a checkpoint (unified or sharded, any world size), a checkpoint root (its newest\n"
+         "                     complete checkpoint) or a Hugging Face llama directory; `auto`: the newest\n"
+         "                     complete checkpoint under --root DIR, or under checkpoint.dir of --config FILE\n"
+         "  --prompt TEXT      the text to continue (at least one token, at most model.max_position_embeddings)\n"
+         "  --max-new-tokens N tokens to generate (default 64); generation stops early at the model's\n"
+         "                     max_position_embeddings tokens in all (a note says so) or at the tokenizer's EOS\n"
+         "  --temperature T    0: greedy; else sample from softmax(logits / T) (default 1.0)\n"
+         "  --top-k K          sample among the K most likely tokens; 0: all (default 0)\n"
+         "  --top-p P          sample among the fewest most likely tokens whose probability reaches P (default 0.9)\n"
+         "  --seed S           the sampler's seed: the same seed gives the same text (default 1234)\n"
+         "  --tokenizer FILE   a SentencePiece model to use instead of the checkpoint's tokenizer.model\n"
+         "                     (without either, ids are bytes: model.vocab_size must be 256)\n"
+         "  --threads N        CPU threads (default 0: the cores this process may use)\n"
+         "  --json             print one JSON object at the end (prompt_ids, ids, text, stop, tokens_per_s)\n"
+         "                     instead of streaming the text\n";
+}
+
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  ST_CHECK(used == text.size() && used > 0 && value >= min, "{} {}: expected an integer >= {}", flag, text, min);
+  return value;
+}
+
+double parse_number(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  ST_CHECK(used == text.size() && used > 0, "{} {}: expected a number", flag, text);
+  return value;
+}
+
+// Sets the option `flag` (known to take a value) from `value`.
+void set_option(GenerateArgs& args, const std::string& flag, const std::string& value) {
+  st::models::SampleOptions& s = args.sample;
+  if (flag == "--checkpoint")
+    args.checkpoint = value;
+  else if (flag == "--root")
+    args.root = value;
+  else if (flag == "--config")
+    args.config = value;
+  else if (flag == "--prompt")
+    args.prompt = value;
+  else if (flag == "--tokenizer")
+    args.tokenizer = value;
+  else if (flag == "--max-new-tokens")
+    s.max_new_tokens = parse_int(flag, value, 0);
+  else if (flag == "--temperature")
+    s.temperature = parse_number(flag, value);
+  else if (flag == "--top-k")
+    s.top_k = parse_int(flag, value, 0);
+  else if (flag == "--top-p")
+    s.top_p = parse_number(flag, value);
+  else if (flag == "--seed")
+    s.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
+  else if (flag == "--threads")
+    args.threads = static_cast<int>(parse_int(flag, value, 0));
+  else
+    ST_FAIL("unknown argument '{}' (see --help)", flag);
+}
+
+/// Parses argv (without the program name); throws st::Error naming the bad argument.
+GenerateArgs parse_generate_args(const std::vector<std::string>& argv) {
+  GenerateArgs args;
+  args.sample.top_p = 0.9;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    std::string flag = argv[i];
+    std::optional<std::string> value;  // --flag=value
+    if (auto eq = flag.find('='); flag.starts_with("--") && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    if (flag == "--help" || flag == "-h") {
+      args.help = true;
+    } else if (flag == "--json") {
+      args.json = true;
+    } else {
+      ST_CHECK(flag.starts_with("--"), "unexpected argument '{}' (see --help)", argv[i]);
+      if (!value) {
+        ST_CHECK(i + 1 < argv.size(), "{} needs a value (see --help)", flag);
+        value = argv[++i];
+      }
+      set_option(args, flag, *value);
+    }
+  }
+  if (args.help) return args;
+  if (args.checkpoint.empty() && (!args.root.empty() || !args.config.empty())) args.checkpoint = "auto";
+  ST_CHECK(!args.checkpoint.empty(), "--checkpoint DIR|auto is required (see --help)");
+  ST_CHECK(args.prompt.has_value(), "--prompt TEXT is required (see --help)");
+  try {
+    args.sample.validate();
+  } catch (const st::Error& e) {
+    // The message starts with the field's name: "top_p 0: ..." -> "--top-p 0: ...".
+    std::string message = e.message();
+    std::replace(message.begin(), message.begin() + static_cast<std::ptrdiff_t>(message.find(' ')), '_', '-');
+    ST_FAIL("--{}", message);
+  }
+  return args;
+}
+
+// ---- the checkpoint ----------------------------------------------------------------
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  ST_CHECK(in.good(), "cannot open {}", path.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  ST_CHECK(in.good() || in.eof(), "cannot read {}", path.string());
+  return text.str();
+}
+
+// `--checkpoint auto`: the newest complete checkpoint under --root, or under
+// checkpoint.dir of --config.
+std::string auto_checkpoint(const GenerateArgs& args) {
+  std::string root = args.root, from = "--root";
+  if (root.empty()) {
+    ST_CHECK(!args.config.empty(), "--checkpoint auto needs --root DIR or --config FILE (with checkpoint.dir)");
+    root = st::load_config(args.config).checkpoint.dir;
+    from = format("checkpoint.dir of {}", args.config);
+    ST_CHECK(!root.empty(), "--checkpoint auto: checkpoint.dir is empty in {}; pass --root DIR", args.config);
+  }
+  const std::optional<st::checkpoint::ResumeChoice> choice = st::checkpoint::choose_resume(root);
+  ST_CHECK(choice.has_value(), "--checkpoint auto: no complete checkpoint under {} ({})", root, from);
+  if (!choice->note.empty()) std::fprintf(stderr, "generate: %s\n", choice->note.c_str());
+  return choice->path;
+}
+
+/// The directory to load: a checkpoint that is complete (its COMPLETE marker
+/// intact and every file it lists present), or a Hugging Face model directory.
+std::string checkpoint_dir(const GenerateArgs& args) {
+  if (args.checkpoint == "auto") return auto_checkpoint(args);
+  std::error_code ec;
+  ST_CHECK(fs::exists(args.checkpoint, ec), "checkpoint {} does not exist", args.checkpoint);
+  const st::checkpoint::ResolvedDir resolved = st::checkpoint::resolve_checkpoint_dir(args.checkpoint);
+  if (!resolved.note.empty()) std::fprintf(stderr, "generate: %s\n", resolved.note.c_str());
+  const fs::path dir = resolved.path;
+  const auto state = st::checkpoint::read_trainer_state_if_present(dir);
+  if (state) {
+    const std::string why = st::checkpoint::incomplete_reason(dir, state->step);
+    ST_CHECK(why.empty(), "checkpoint {} is incomplete: {}", dir.string(), why);
+  } else {
+    ST_CHECK(fs::is_regular_file(dir / st::models::kHfConfigName, ec),
+             "{} is not a checkpoint: it has neither trainer_state.json nor config.json", dir.string());
+  }
+  return dir.string();
+}
+
+/// model.* of the run that saved `dir` (trainer_state.json's YAML), else of its config.json.
+st::ModelConfig model_config_of(const std::string& dir) {
+  const auto state = st::checkpoint::read_trainer_state_if_present(dir);
+  const fs::path hf = fs::path(dir) / st::models::kHfConfigName;
+  std::error_code ec;
+  if (state && !state->config_yaml.empty()) {
+    try {
+      return st::load_config_from_string(state->config_yaml, (fs::path(dir) / "trainer_state.json").string()).model;
+    } catch (const st::Error& e) {
+      // A run of another version may have keys this one lacks: config.json still describes the model.
+      if (!fs::is_regular_file(hf, ec)) throw;
+      std::fprintf(stderr, "generate: note: %s; reading %s instead\n", e.message().c_str(), hf.string().c_str());
+    }
+  }
+  ST_CHECK(fs::is_regular_file(hf, ec), "{} has no model config: no config in trainer_state.json and no {}", dir,
+           hf.string());
+  return st::models::hf_llama_model_config(read_text(hf), hf.string());
+}
+
+/// The tensors of `dir` that hold the weights: its master weights when it has
+/// them, else its model-* weights. The optimizer state is left out, so that
+/// the load neither reads nor checksums it.
+st::checkpoint::Catalog weights_catalog(const std::string& dir) {
+  st::checkpoint::Catalog catalog = st::checkpoint::read_catalog(dir);
+  const std::string_view kind =
+      catalog.has_kind(st::checkpoint::kMasterKind) ? st::checkpoint::kMasterKind : st::checkpoint::kModelKind;
+  std::erase_if(catalog.tensors, [&](const auto& tensor) { return tensor.first.second != kind; });
+  ST_CHECK(!catalog.tensors.empty(), "{} holds no model weights (no tensors of kind master or model)", dir);
+  return catalog;
+}
+
+/// The model with F32 weights read from `dir` (weights_catalog; BF16 model-*
+/// weights are widened).
+std::unique_ptr<st::models::Llama> load_llama(const std::string& dir, const st::ModelConfig& config) {
+  ST_CHECK(config.name == "llama", "{}: model.name is '{}'; generate needs a llama model", dir, config.name);
+  auto model = std::make_unique<st::models::Llama>(config);
+  st::models::allocate_parameters(*model, st::DType::F32);
+  std::vector<st::StateEntry> entries;
+  for (auto& [fqn, p] : model->named_parameters()) {
+    entries.push_back({fqn, std::string(st::checkpoint::kMasterKind), p->shape, st::DType::F32, 0,
+                       p->value.view({p->value.numel()})});
+  }
+  st::checkpoint::LoadOptions options;
+  options.master_from_model = true;  // no master weights: the model-* weights
+  options.refuse_nonfinite = true;
+  st::checkpoint::load_entries(weights_catalog(dir), entries, options);
+  return model;
+}
+
+// ---- text <-> ids ------------------------------------------------------------------
+// Generation sees a tokenizer only through these function objects, built
+// from launch/tokenizer.h's Tokenizer (SentencePiece or bytes).
+
+/// What generate needs of a tokenizer.
+struct TextCodec {
+  std::string name;                                                // "bytes" or the model file
+  int64_t vocab_size = 0;                                          // ids are in [0, vocab_size)
+  int32_t eos_id = -1;                                             // generation ends after it; -1: none
+  std::function<std::vector<int32_t>(const std::string&)> encode;  // no BOS/EOS added
+  std::function<std::string(int32_t)> decode_piece;                // the text one id adds, for streaming
+};
+
+TextCodec codec_of(const Tokenizer& tokenizer) {
+  TextCodec c;
+  c.name = tokenizer.is_bytes() ? std::string("bytes") : tokenizer.path();
+  c.vocab_size = tokenizer.vocab_size();
+  c.eos_id = tokenizer.eos_id();
+  c.encode = [tokenizer](const std::string& text) { return tokenizer.encode(text); };
+  c.decode_piece = [tokenizer](int32_t id) { return tokenizer.decode_piece(id); };
+  return c;
+}
+
+/// --tokenizer, else the checkpoint's tokenizer.model, else bytes; its
+/// vocabulary must be the model's.
+TextCodec text_codec(const GenerateArgs& args, const std::string& dir, int64_t model_vocab) {
+  const fs::path beside = fs::path(dir) / "tokenizer.model";
+  std::error_code ec;
+  TextCodec codec = codec_of(!args.tokenizer.empty()           ? Tokenizer::load(args.tokenizer)
+                             : fs::is_regular_file(beside, ec) ? Tokenizer::load(beside.string())
+                                                               : Tokenizer::bytes());
+  ST_CHECK(codec.vocab_size == model_vocab, "the tokenizer ({}) has {} tokens but the model has model.vocab_size {}{}",
+           codec.name, codec.vocab_size, model_vocab,
+           args.tokenizer.empty() ? "; pass the run's tokenizer with --tokenizer FILE" : "");
+  return codec;
+}
+
+// ---- the run -----------------------------------------------------------------------
+
+const char* stop_name(st::models::StopReason r) {
+  switch (r) {
+    case st::models::StopReason::MaxNewTokens: return "max_new_tokens";
+    case st::models::StopReason::StopToken: return "eos";
+    case st::models::StopReason::Context: return "max_position_embeddings";
+    case st::models::StopReason::Caller: return "caller";
+  }
+  return "?";
+}
+
+struct Result {
+  std::vector<int32_t> prompt_ids;
+  st::models::Generation generation;
+  std::string text;  // the new tokens' text
+  double seconds = 0;
+};
+
+/// Encodes the prompt, generates with a KV cache and streams (unless `quiet`) each piece as it comes.
+Result run_generation(st::models::Llama& model, const TextCodec& codec, const GenerateArgs& args) {
+  const st::ModelConfig& config = model.config();
+  Result r;
+  r.prompt_ids = codec.encode(*args.prompt);
+  const auto n = static_cast<int64_t>(r.prompt_ids.size());
+  ST_CHECK(n <= config.max_position_embeddings,
+           "the prompt is {} tokens long, more than the model's model.max_position_embeddings ({})", n,
+           config.max_position_embeddings);
+  st::models::SampleOptions options = args.sample;
+  options.stop_token = codec.eos_id;
+  if (!args.json) {
+    std::fputs(args.prompt->c_str(), stdout);
+    std::fflush(stdout);
+  }
+  st::models::KVCache cache(config, config.max_position_embeddings, st::DType::F32);
+  const auto start = std::chrono::steady_clock::now();
+  r.generation = st::models::generate(st::models::next_logits_cached(model, cache), r.prompt_ids,
+                                      config.max_position_embeddings, options, [&](int32_t id) {
+                                        const std::string piece = codec.decode_piece(id);
+                                        r.text += piece;
+                                        if (!args.json) {
+                                          std::fputs(piece.c_str(), stdout);
+                                          std::fflush(stdout);
+                                        }
+                                        return true;
+                                      });
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+void report(const Result& r, const GenerateArgs& args, const st::ModelConfig& config) {
+  const auto generated = static_cast<double>(r.generation.tokens.size());
+  const double rate = r.seconds > 0 ? generated / r.seconds : 0.0;
+  if (args.json) {
+    const nlohmann::json j{{"prompt_ids", r.prompt_ids},
+                           {"ids", r.generation.tokens},
+                           {"text", r.text},
+                           {"stop", stop_name(r.generation.reason)},
+                           {"seconds", r.seconds},
+                           {"tokens_per_s", rate}};
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::fputs("\n", stdout);
+  }
+  std::fflush(stdout);
+  if (r.generation.reason == st::models::StopReason::Context) {
+    std::fprintf(stderr,
+                 "generate: note: stopped after %zu of %lld new tokens: prompt + new tokens reached "
+                 "model.max_position_embeddings (%lld)\n",
+                 r.generation.tokens.size(), static_cast<long long>(args.sample.max_new_tokens),
+                 static_cast<long long>(config.max_position_embeddings));
+  }
+  std::fprintf(stderr, "generate: %zu tokens in %.3f s (%.1f tokens/s), prompt %zu tokens\n",
+               r.generation.tokens.size(), r.seconds, rate, r.prompt_ids.size());
+}
+
+int run(const std::vector<std::string>& argv) {
+  const GenerateArgs args = parse_generate_args(argv);
+  if (args.help) {
+    std::fputs(generate_usage().c_str(), stdout);
+    return 0;
+  }
+  st::cpu::set_cpu_threads(args.threads > 0 ? args.threads : st::cpu::auto_cpu_threads(1));
+  const std::string dir = checkpoint_dir(args);
+  const st::ModelConfig config = model_config_of(dir);
+  const TextCodec codec = text_codec(args, dir, config.vocab_size);
+  const auto model = load_llama(dir, config);
+  std::fprintf(stderr, "generate: %s (%lld parameters, tokenizer %s)\n", dir.c_str(),
+               static_cast<long long>(model->num_parameters()), codec.name.c_str());
+  report(run_generation(*model, codec, args), args, config);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  st::cpu::use_short_openmp_spin(argv);
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const st::Error& e) {
+    std::fprintf(stderr, "generate: error: %s\n", e.message().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "generate: internal error: %s\n", e.what());
+    return 2;
+  }
+}
