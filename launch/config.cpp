@@ -44,6 +44,10 @@ void visit_data(DataConfig& d, const KeyVisitor& v) {
 void visit_eval(EvalConfig& e, const KeyVisitor& v) {
   v({"interval", "evaluate every N steps and after the last step; 0 = never"}, e.interval);
   v({"batches", "global batches per evaluation: the first ones of the validation data, in order"}, e.batches);
+  v({"sample_tokens", "print a sample of this many tokens generated from sample_prompt at each evaluation; 0 = none"},
+    e.sample_tokens);
+  v({"sample_prompt", "the sample's prompt, encoded with data.tokenizer (or as bytes)"}, e.sample_prompt);
+  v({"sample_temperature", "the sample's temperature (0 = greedy); seeded by train.seed"}, e.sample_temperature);
 }
 
 void visit_comm(CommConfig& c, const KeyVisitor& v) {
@@ -116,6 +120,11 @@ void DataConfig::validate() const {
 void EvalConfig::validate() const {
   require(interval >= 0, "eval.interval", interval, "a number of steps >= 0 (0: never evaluate)");
   require(batches >= 1, "eval.batches", batches, "a positive integer");
+  require(sample_tokens >= 0, "eval.sample_tokens", sample_tokens, "a number of tokens >= 0 (0: no sample)");
+  require(sample_tokens == 0 || !sample_prompt.empty(), "eval.sample_prompt", sample_prompt,
+          "at least one character when eval.sample_tokens is set");
+  require(sample_temperature >= 0 && fits_f32(sample_temperature), "eval.sample_temperature", sample_temperature,
+          "a number >= 0 (0: greedy)");
 }
 
 void CommConfig::validate() const {

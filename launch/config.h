@@ -68,6 +68,9 @@ struct DataConfig {
 struct EvalConfig {
   int64_t interval = 0;                // evaluate every N steps and after the last step; 0 = never
   int64_t batches = 4;                 // global batches per evaluation: the first ones of the validation data, in order
+  int64_t sample_tokens = 0;           // print a sample of this many tokens generated from sample_prompt at each evaluation; 0 = none
+  std::string sample_prompt = "The";   // the sample's prompt, encoded with data.tokenizer (or as bytes)
+  double sample_temperature = 0.8;     // the sample's temperature (0 = greedy); seeded by train.seed
 
   void validate() const;
   bool operator==(const EvalConfig&) const = default;

@@ -28,6 +28,7 @@
 #include "launch/flops.h"
 #include "launch/metrics.h"
 #include "launch/plot_svg.h"
+#include "models/generate.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 
@@ -241,6 +242,9 @@ class Trainer {
   // evaluation does; later per-evaluation actions (a generated sample, a
   // refreshed plot) belong here.
   ValidationLoss evaluate(int64_t step);
+  // eval.sample_tokens: every rank runs the same forwards (the sharded
+  // forward gathers as in training), rank 0 prints the text.
+  void print_sample(int64_t step);
   // Not collective: prints step `done` + 1's line and appends its metrics
   // when it is logged (every logging.interval steps, the last step, and a
   // step that evaluated); returns whether it was.
@@ -334,7 +338,8 @@ TrainResult Trainer::run() {
     const bool logged = report(done, *stats, time, val);
     save(done);
     run_profile_->end(logged);
-    if (plot_due(done) && done + 1 < last_step_) refresh_plot();
+    // The plot follows each evaluation (and, without evaluations, plot_due's cadence); finish() draws the last.
+    if ((val || plot_due(done)) && done + 1 < last_step_) refresh_plot();
   }
   return finish();
 }
@@ -599,7 +604,38 @@ ValidationLoss Trainer::evaluate(int64_t step) {
              has_tokens_ ? format("{} sequences ({} tokens)", with_commas(val.samples), with_commas(val.count))
                          : format("{} samples", with_commas(val.samples)),
              seconds);
+  if (config_.eval.sample_tokens > 0 && has_tokens_) print_sample(step);
   return val;
+}
+
+void Trainer::print_sample(int64_t step) {
+  const EvalConfig& e = config_.eval;
+  const std::optional<Tokenizer> data_tokenizer = load_data_tokenizer(config_);
+  const bool as_bytes = !data_tokenizer && config_.model.vocab_size == 256;
+  const Tokenizer tokenizer = data_tokenizer ? *data_tokenizer : Tokenizer::bytes();
+  std::vector<int32_t> prompt = tokenizer.encode(e.sample_prompt);
+  models::SampleOptions options;
+  options.max_new_tokens = e.sample_tokens;
+  options.temperature = e.sample_temperature;
+  options.seed = tc_.seed + static_cast<uint64_t>(step);
+  // No stop token: every rank runs exactly the same number of forwards (each
+  // gathers units collectively), even if a rank's sampled tokens differed.
+  options.stop_token = -1;
+  const auto t0 = Clock::now();
+  const models::Generation g =
+      models::generate(*model_, prompt, config_.model.max_position_embeddings, options, {}, device_);
+  sharded_->release();  // nothing gathered or saved for a backward is left behind
+  std::string text;
+  if (data_tokenizer || as_bytes) {
+    for (int32_t id : g.tokens) text += tokenizer.decode_piece(id);
+  } else {
+    for (int32_t id : g.tokens) text += format("{} ", id);  // no tokenizer for these ids: print them
+  }
+  std::string shown = e.sample_prompt + text;
+  for (size_t at = shown.find('\n'); at != std::string::npos; at = shown.find('\n', at + 5))
+    shown.replace(at, 1, "\n  | ");
+  log_.info0("sample step {} ({} tokens, temperature {}, {:.2f} s):\n  | {}", step, g.tokens.size(),
+             e.sample_temperature, seconds_since(t0), shown);
 }
 
 bool Trainer::report(int64_t done, const StepStats& stats, const StepTime& time,
