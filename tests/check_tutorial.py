@@ -51,6 +51,8 @@ def scratch_dir(build, work):
 
 
 def run_blocks(runnable, work):
+    """Runs each block; returns everything they printed."""
+    printed = ""
     for i, body in enumerate(runnable, 1):
         t0 = time.time()
         proc = subprocess.run(["bash", "-c", "set -eo pipefail\n" + body], cwd=work, capture_output=True, text=True)
@@ -59,6 +61,8 @@ def run_blocks(runnable, work):
         if proc.returncode != 0:
             sys.stdout.write(proc.stdout[-3000:] + proc.stderr[-3000:])
             fail(f"tutorial block {i} exited {proc.returncode}:\n{body}")
+        printed += proc.stdout + proc.stderr
+    return printed
 
 
 def check_validation(work):
@@ -108,7 +112,11 @@ def main():
     if len(runnable) < 8:
         fail(f"found only {len(runnable)} sh blocks in docs/TUTORIAL.md")
     scratch_dir(build, work)
-    run_blocks(runnable, work)
+    printed = run_blocks(runnable, work)
+    # eval.sample_tokens: a sample at every evaluation, on 2 ranks and on 1.
+    for step in (100, 300, 400, 600):
+        if f"sample step {step} (48 tokens" not in printed:
+            fail(f"the trainer printed no sample at step {step} (eval.sample_tokens)")
     check_validation(work)
     check_plot(work, build)
     check_sample(work)
