@@ -64,8 +64,8 @@ void visit_logging(LoggingConfig& l, const KeyVisitor& v) {
      "same as --profile"},
     l.profile);
   v({"plot",
-     "rank 0 redraws the plot program's four panels into logging.metrics_file + .svg at the end of the run and "
-     "every checkpoint.interval steps (every 100 logged steps when that is 0)"},
+     "rank 0 redraws the plot program's four panels into logging.metrics_file + .svg at each evaluation, at the end of "
+     "the run and, without evaluations, every checkpoint.interval steps (every 100 logged steps when that is 0)"},
     l.plot);
 }
 

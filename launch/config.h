@@ -88,7 +88,7 @@ struct LoggingConfig {
   std::string metrics_file;            // append one JSON object per logged step; empty disables
   std::string level = "info";          // debug | info | warn | error
   bool profile = false;                // print where each step's time went (phases, GEMM, ops, collective waits) and a summary table at the end; same as --profile
-  bool plot = false;                   // rank 0 redraws the plot program's four panels into logging.metrics_file + .svg at the end of the run and every checkpoint.interval steps (every 100 logged steps when that is 0)
+  bool plot = false;                   // rank 0 redraws the plot program's four panels into logging.metrics_file + .svg at each evaluation, at the end of the run and, without evaluations, every checkpoint.interval steps (every 100 logged steps when that is 0)
 
   void validate() const;
   bool operator==(const LoggingConfig&) const = default;
