@@ -873,13 +873,5 @@ int run(const std::vector<std::string>& argv) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  try {
-    return st::bench::run(args);
-  } catch (const st::Error& e) {
-    std::fprintf(stderr, "ckpt_bench: error: %s\n", e.message().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ckpt_bench: internal error: %s\n", e.what());
-    return 2;
-  }
+  return st::run_main("ckpt_bench", [&] { return st::bench::run(args); });
 }

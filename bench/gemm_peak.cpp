@@ -173,13 +173,5 @@ int run(const std::vector<std::string>& argv) {
 int main(int argc, char** argv) {
   st::cpu::use_short_openmp_spin(argv);
   std::vector<std::string> args(argv + 1, argv + argc);
-  try {
-    return st::bench::run(args);
-  } catch (const st::Error& e) {
-    std::fprintf(stderr, "gemm_peak: error: %s\n", e.message().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gemm_peak: internal error: %s\n", e.what());
-    return 2;
-  }
+  return st::run_main("gemm_peak", [&] { return st::bench::run(args); });
 }

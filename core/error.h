@@ -2,6 +2,7 @@
 // Errors. Library code throws st::Error through ST_CHECK (or the *_CHECK
 // wrappers around foreign APIs); only main() catches, prints one line and
 // exits non-zero. Messages name what the user can fix: file, key, tensor, rank.
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -44,6 +45,11 @@ std::string error_message_of(F&& f) {
   }
   return {};
 }
+
+/// The body of a one-process program's main(): returns what `body` returns;
+/// an st::Error prints "PROGRAM: error: MESSAGE" on stderr and returns 1,
+/// any other exception "PROGRAM: internal error: WHAT" and returns 2.
+int run_main(const char* program, const std::function<int()>& body);
 
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);

@@ -403,13 +403,5 @@ int run(const std::vector<std::string>& argv) {
 
 int main(int argc, char** argv) {
   st::cpu::use_short_openmp_spin(argv);
-  try {
-    return run(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const st::Error& e) {
-    std::fprintf(stderr, "generate: error: %s\n", e.message().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "generate: internal error: %s\n", e.what());
-    return 2;
-  }
+  return st::run_main("generate", [&] { return run(std::vector<std::string>(argv + 1, argv + argc)); });
 }

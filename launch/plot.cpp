@@ -124,13 +124,5 @@ int run(const std::vector<std::string>& argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const st::Error& e) {
-    std::fprintf(stderr, "plot: error: %s\n", e.message().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "plot: internal error: %s\n", e.what());
-    return 2;
-  }
+  return st::run_main("plot", [&] { return run(std::vector<std::string>(argv + 1, argv + argc)); });
 }

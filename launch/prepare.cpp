@@ -753,13 +753,5 @@ int run(const std::vector<std::string>& argv) {
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
-  try {
-    return run(args);
-  } catch (const st::Error& e) {
-    std::fprintf(stderr, "prepare: error: %s\n", e.message().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "prepare: internal error: %s\n", e.what());
-    return 2;
-  }
+  return st::run_main("prepare", [&] { return run(args); });
 }

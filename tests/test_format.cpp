@@ -1,6 +1,10 @@
-// core/format.h: the numbers people read in log lines.
+// core/format.h: the numbers people read in log lines; core/error.h: what a
+// program prints when it fails.
+#include <stdexcept>
+
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "core/format.h"
 
 namespace st {
@@ -22,6 +26,18 @@ TEST(Format, HumanBytesUsesPowersOfAThousand) {
   EXPECT_EQ(human_bytes(12300000), "12.3 MB");
   EXPECT_EQ(human_bytes(1250000000), "1.25 GB");
   EXPECT_EQ(human_bytes(3100000000000), "3.10 TB");
+}
+
+TEST(RunMain, ReturnsTheBodysCodeAndTurnsExceptionsIntoOneLine) {
+  EXPECT_EQ(run_main("prog", [] { return 7; }), 7);
+
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_main("prog", []() -> int { ST_FAIL("bad value {} for '{}'", 3, "k"); }), 1);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "prog: error: bad value 3 for 'k'\n");
+
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_main("prog", []() -> int { throw std::runtime_error("boom"); }), 2);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "prog: internal error: boom\n");
 }
 
 }  // namespace
