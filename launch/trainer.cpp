@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "core/comm.h"
-#include "launch/config.h"
 #include "core/cpu/parallel.h"
 #include "core/cuda/cuda_runtime.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/watchdog.h"
 #include "launch/cli.h"
+#include "launch/config.h"
 #include "launch/self_check.h"
 #include "launch/train.h"
 

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "optim/config.h"
 #include "core/tensor.h"
+#include "optim/config.h"
 
 namespace st::optim {
 

@@ -14,9 +14,9 @@
 
 #include <gtest/gtest.h>
 
-#include "launch/config.h"
 #include "core/cpu/parallel.h"
 #include "core/tensor.h"
+#include "launch/config.h"
 #include "optim/optimizer.h"
 #include "tests/test_util.h"
 

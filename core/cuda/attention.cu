@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -274,17 +275,32 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   store_result(of, out, stream);
 }
 
+namespace {
+
+/// delta[b, t, h] = sum_i dO[b, t, h, i] * O[b, t, h, i], one warp per row: (B, T, H) F32.
+Tensor row_deltas(const Tensor& dout, const Tensor& out, const Dims& d, cudaStream_t stream) {
+  const Tensor delta = Tensor::empty({d.batch, d.seq, d.heads}, DType::F32, out.device());
+  const int64_t delta_rows = d.batch * d.seq * d.heads;
+  constexpr int64_t kWarpsPerBlock = kThreads / 32;
+  delta_kernel<<<detail::grid_blocks(delta_rows, kWarpsPerBlock, kMaxBlocks), kThreads, 0, stream>>>(
+      dout.raw_data(), dout.dtype(), out.raw_data(), out.dtype(), delta.data<float>(), delta_rows, d.hd);
+  CUDA_CHECK_LAUNCH();
+  return delta;
+}
+
+void zero_async(std::initializer_list<Tensor> tensors, cudaStream_t stream) {
+  for (const Tensor& t : tensors) CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), stream));
+}
+
+}  // namespace
+
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const int device = q.device().index;
   DeviceGuard guard(device);
   cudaStream_t stream = compute_stream(device);
-  if (q.numel() == 0) {
-    // No query contributes (H or B or T is 0): dk and dv are written as 0.
-    CUDA_CHECK(cudaMemsetAsync(dk.raw_data(), 0, dk.nbytes(), stream));
-    CUDA_CHECK(cudaMemsetAsync(dv.raw_data(), 0, dv.nbytes(), stream));
-    return;
-  }
+  // No query contributes (H or B or T is 0): dk and dv are written as 0.
+  if (q.numel() == 0) return zero_async({dk, dv}, stream);
   const Dims d = dims_of(q, k);
   cublasHandle_t handle = cublas_handle(device);
   const HeadMats mats{d};
@@ -296,16 +312,10 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   const Tensor dqf = f32_result(dq);        // (B, T, H, hd)
   const Tensor dkf = f32_result(dk);        // (B, T, KV, hd) summed over each group's query heads
   const Tensor dvf = f32_result(dv);        // (B, T, KV, hd) summed over each group's query heads
-  CUDA_CHECK(cudaMemsetAsync(dkf.raw_data(), 0, dkf.nbytes(), stream));
-  CUDA_CHECK(cudaMemsetAsync(dvf.raw_data(), 0, dvf.nbytes(), stream));
+  zero_async({dkf, dvf}, stream);           // accumulated over each group's query heads
   const Tensor probs = Tensor::empty({d.batch, d.seq, d.seq}, DType::F32, q.device());    // (B, T, T) P, one head
   const Tensor dscores = Tensor::empty({d.batch, d.seq, d.seq}, DType::F32, q.device());  // (B, T, T) dP, then dS
-  const Tensor delta = Tensor::empty({d.batch, d.seq, d.heads}, DType::F32, q.device());  // (B, T, H)
-  const int64_t delta_rows = d.batch * d.seq * d.heads;
-  constexpr int64_t kWarpsPerBlock = kThreads / 32;
-  delta_kernel<<<detail::grid_blocks(delta_rows, kWarpsPerBlock, kMaxBlocks), kThreads, 0, stream>>>(
-      dout.raw_data(), dout.dtype(), out.raw_data(), out.dtype(), delta.data<float>(), delta_rows, d.hd);
-  CUDA_CHECK_LAUNCH();
+  const Tensor delta = row_deltas(dout, out, d, stream);                                  // (B, T, H)
   const dim3 rows(static_cast<unsigned>(d.seq), static_cast<unsigned>(d.batch));
   const int64_t q_ld = d.heads * d.hd;
   const int64_t q_stride = d.seq * d.heads * d.hd;

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "launch/config.h"
 #include "core/error.h"
+#include "launch/config.h"
 #include "optim/optimizer.h"
 
 namespace {
