@@ -291,8 +291,9 @@ class Trainer {
   std::optional<fsdp::ShardedModel> sharded_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<Dataset> dataset_;
-  std::unique_ptr<Dataset> val_dataset_;  // with eval.interval > 0
-  std::optional<Evaluator> evaluator_;    // with eval.interval > 0
+  std::unique_ptr<Dataset> val_dataset_;       // with eval.interval > 0
+  std::optional<Tokenizer> sample_tokenizer_;  // data.tokenizer, loaded once when eval.sample_tokens is set
+  std::optional<Evaluator> evaluator_;         // with eval.interval > 0
   std::optional<MetricsFile> metrics_;
   models::ModelFlops flops_;
   DType compute_dtype_ = DType::F32;
@@ -400,6 +401,7 @@ void Trainer::setup_data() {
       // Config::validate() refuses eval.interval without validation data.
       ST_CHECK(val_dataset_ != nullptr, "eval.interval is {} but there is no validation data", config_.eval.interval);
       evaluator_.emplace(config_, *val_dataset_, *model_, *sharded_, world_, device_);
+      if (config_.eval.sample_tokens > 0) sample_tokenizer_ = load_data_tokenizer(config_);
     }
     const auto t0 = Clock::now();
     std::string bad = dataset_->find_bad_token(world_.rank(), world_.size());
@@ -610,7 +612,7 @@ ValidationLoss Trainer::evaluate(int64_t step) {
 
 void Trainer::print_sample(int64_t step) {
   const EvalConfig& e = config_.eval;
-  const std::optional<Tokenizer> data_tokenizer = load_data_tokenizer(config_);
+  const std::optional<Tokenizer>& data_tokenizer = sample_tokenizer_;
   const bool as_bytes = !data_tokenizer && config_.model.vocab_size == 256;
   const Tokenizer tokenizer = data_tokenizer ? *data_tokenizer : Tokenizer::bytes();
   std::vector<int32_t> prompt = tokenizer.encode(e.sample_prompt);
