@@ -4,6 +4,7 @@
 //
 //   build/gemm_peak --threads 2                 # 2048^3, F32 and BF16
 //   build/gemm_peak --size 4096 --repeats 10
+//   build/gemm_peak --device cuda --size 8192 --dtypes bf16   # GPU 0 (cuBLASLt)
 //
 // For each operand dtype (F32, BF16; the output C is always F32, so BF16 runs
 // multiply BF16 operands with F32 accumulation) and each layout the trainer
@@ -14,6 +15,9 @@
 //    "gflops":..., "gflops_max":..., "layouts":{"nn":...,"nt":...}, ...}
 // gflops is the best layout's median (2*M*N*K / median seconds / 1e9);
 // gflops_max is the fastest single call seen. One process, no MPI.
+// With --device cuda the operands live on GPU 0, C has the operands' dtype
+// (what a BF16 Linear writes: BF16 x BF16 with F32 accumulation, rounded to
+// BF16), and each call is timed up to the end of its work on the GPU.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,6 +30,7 @@
 
 #include "core/cpu/ops_cpu.h"
 #include "core/cpu/parallel.h"
+#include "core/cuda/cuda_runtime.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/ops.h"
@@ -42,6 +47,7 @@ struct Args {
   int warmup = 2;
   int repeats = 8;
   std::vector<DType> dtypes{DType::F32, DType::BF16};
+  Device device = Device::cpu();
   bool help = false;
 };
 
@@ -51,7 +57,8 @@ constexpr std::string_view kUsage =
     "  --threads N   OpenMP/oneDNN threads (default 0: the cores this process may use)\n"
     "  --warmup N    untimed calls per dtype and layout first (default 2)\n"
     "  --repeats N   timed calls per dtype and layout; the median is reported (default 8)\n"
-    "  --dtypes L    operand dtypes, comma-separated from f32 and bf16 (default both); C is F32\n";
+    "  --dtypes L    operand dtypes, comma-separated from f32 and bf16 (default both); C is F32 on the CPU\n"
+    "  --device D    cpu (default) or cuda (GPU 0 through cuBLASLt; C in the operands' dtype)\n";
 
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
   size_t used = 0;
@@ -98,6 +105,10 @@ Args parse_args(const std::vector<std::string>& argv) {
       a.repeats = static_cast<int>(parse_int(flag, value(i), 1));
     } else if (flag == "--dtypes") {
       a.dtypes = parse_dtypes(value(i));
+    } else if (flag == "--device") {
+      const std::string& name = value(i);
+      ST_CHECK(name == "cpu" || name == "cuda", "--device: expected cpu or cuda, got '{}'", name);
+      a.device = name == "cpu" ? Device::cpu() : Device::cuda(0);
     } else {
       ST_FAIL("unknown argument '{}'\n{}", flag, kUsage);
     }
@@ -115,6 +126,12 @@ Tensor random_matrix(int64_t rows, int64_t cols, DType dtype, uint32_t seed) {
   return Tensor::from_floats(values, {rows, cols}, dtype);
 }
 
+// Returns once every GEMM issued so far has finished (a no-op on the CPU,
+// where gemm returns with its result in place).
+void finish(Device device) {
+  if (device.is_cuda()) cuda::synchronize(device.index);
+}
+
 struct Timing {
   double median_s = 0;
   double min_s = 0;
@@ -123,10 +140,12 @@ struct Timing {
 // Times c = a @ op(b): `warmup` calls first, then `repeats` timed calls.
 Timing time_gemm(const Tensor& a, const Tensor& b, ops::Transpose tb, const Tensor& c, const Args& args) {
   for (int i = 0; i < args.warmup; ++i) ops::gemm(a, ops::Transpose::No, b, tb, c);
+  finish(args.device);
   std::vector<double> seconds;
   for (int i = 0; i < args.repeats; ++i) {
     const auto t0 = Clock::now();
     ops::gemm(a, ops::Transpose::No, b, tb, c);
+    finish(args.device);
     seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   std::sort(seconds.begin(), seconds.end());
@@ -139,18 +158,20 @@ Timing time_gemm(const Tensor& a, const Tensor& b, ops::Transpose tb, const Tens
 std::string measure(DType dtype, const Args& args) {
   const int64_t n = args.size;
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
-  const Tensor a = random_matrix(n, n, dtype, 1);  // [M, K]
-  const Tensor b = random_matrix(n, n, dtype, 2);  // [K, N] (NN) or [N, K] (NT)
-  const Tensor c = Tensor::empty({n, n}, DType::F32);
+  const Tensor a = random_matrix(n, n, dtype, 1).to(args.device);  // [M, K]
+  const Tensor b = random_matrix(n, n, dtype, 2).to(args.device);  // [K, N] (NN) or [N, K] (NT)
+  const Tensor c = Tensor::empty({n, n}, args.device.is_cuda() ? dtype : DType::F32, args.device);
   const Timing nn = time_gemm(a, b, ops::Transpose::No, c, args);
   const Timing nt = time_gemm(a, b, ops::Transpose::Yes, c, args);
   const double best_median = std::min(nn.median_s, nt.median_s);
   const double best_single = std::min(nn.min_s, nt.min_s);
   const std::string name = dtype == DType::F32 ? "f32" : "bf16";
+  const std::string backend = args.device.is_cuda() ? "cublaslt" : cpu::gemm_backend();
   return format(R"({{"impl":"shardtrain","dtype":"{}","size":{},"threads":{},"gflops":{:.2f},"gflops_max":{:.2f},)"
-                R"("layouts":{{"nn":{:.2f},"nt":{:.2f}}},"repeats":{},"warmup":{},"backend":"{}"}})",
+                R"("layouts":{{"nn":{:.2f},"nt":{:.2f}}},"repeats":{},"warmup":{},"backend":"{}","device":"{}"}})",
                 name, n, cpu::cpu_threads(), flops / best_median / 1e9, flops / best_single / 1e9,
-                flops / nn.median_s / 1e9, flops / nt.median_s / 1e9, args.repeats, args.warmup, cpu::gemm_backend());
+                flops / nn.median_s / 1e9, flops / nt.median_s / 1e9, args.repeats, args.warmup, backend,
+                args.device.is_cuda() ? cuda::device_name(args.device.index) : std::string("cpu"));
 }
 
 int run(const std::vector<std::string>& argv) {
@@ -160,6 +181,11 @@ int run(const std::vector<std::string>& argv) {
     return 0;
   }
   cpu::set_cpu_threads(args.threads > 0 ? args.threads : cpu::auto_cpu_threads(1));
+  if (args.device.is_cuda()) {
+    ST_CHECK(cuda::compiled_with_cuda(), "--device cuda: this build has no CUDA backend (ST_WITH_CUDA=OFF)");
+    ST_CHECK(cuda::device_count() > 0, "--device cuda: no GPU is visible");
+    cuda::set_device(args.device.index);
+  }
   for (DType dtype : args.dtypes) {
     std::printf("%s\n", measure(dtype, args).c_str());
     std::fflush(stdout);

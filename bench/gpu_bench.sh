@@ -167,17 +167,30 @@ fi
 # --- 3. configure and build ------------------------------------------------------------------
 # Warnings are not errors here: CI enforces them; a newer compiler's new
 # warning must not cost the GPU session its benchmark.
+# oneDNN is not carried (the CPU side of the GPU checks uses Eigen's GEMMs);
+# only the programs the steps below run are built.
 built=0
+[[ -f /usr/include/dnnl.hpp ]] || cmake_args+=(-DST_WITH_DNNL=OFF)
+targets=(trainer prepare generate gemm_peak test_cuda_ops test_cuda_nn_ops test_nccl)
 if run_step configure 150 cmake -S "$root" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DST_WERROR=OFF -DST_PYTHON="$(command -v "$PY")" "${cmake_args[@]}"; then
+  grep -q "^build nccl_bench:" "$BUILD_DIR/build.ninja" 2>/dev/null && targets+=(nccl_bench)
   if [[ $SKIP_BUILD == 1 && -d $BUILD_DIR ]]; then
     skip build "SKIP_BUILD=1: using what $BUILD_DIR holds"
     built=1
-  elif run_step build 330 cmake --build "$BUILD_DIR" -j "$JOBS"; then
+  elif run_step build 330 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]}"; then
     built=1
   fi
 fi
 grep -h "shardtrain: " "$logs/configure.log" 2>/dev/null | sed 's/^-- /    /' | tee -a "$summary"
+
+# The carried Open MPI and the CPU path, before any GPU step relies on them:
+# the toy model on 2 ranks through mpirun (a few seconds).
+if ((built)); then
+  run_step mpi_cpu_smoke 60 mpirun --oversubscribe -np 2 "$BUILD_DIR/trainer" --config configs/toy.yaml --steps 5 \
+    --set checkpoint.dir='""' --set logging.interval=5
+  grep -h "INFO  done:" "$logs/mpi_cpu_smoke.log" 2>/dev/null | sed 's/^/    /' | tee -a "$summary"
+fi
 
 # --- 4. the GPU steps ----------------------------------------------------------------------------
 gpu=""
@@ -201,78 +214,167 @@ gpu_step() {  # gpu_step NAME CAP COMMAND...: skipped, clearly, when the GPU or 
   run_step "$@"
 }
 
-# (a) every CUDA test (ops against the CPU reference, NCCL, the GPU training checks).
-gpu_step ctest_cuda 150 ctest --test-dir "$BUILD_DIR" -L cuda --output-on-failure --timeout 120
+# The steps run in the order of what matters most, so that a run cut short by
+# BUDGET_S still has the GEMM peak, the tests, our FULL_SHARD + BF16 +
+# recomputation step and its peer, and the Hugging Face load.
 
-# (b) our trainer, one GPU, recomputation off and full.
-for mode in none full; do
-  gpu_step "ours_$mode" 110 "$BUILD_DIR/trainer" --config "$CONFIG" --steps "$STEPS" \
+# (a) the GPU's dense peak, measured: our cuBLASLt GEMM and PyTorch's matmul, large and square.
+gpu_step gemm_peak 60 "$BUILD_DIR/gemm_peak" --device cuda --size 8192 --dtypes bf16,f32 --warmup 5 --repeats 20
+torch_gemm_peak() {
+  "$PY" - <<'PYEOF'
+import json, torch
+n, out = 8192, {}
+for name, dtype in (("bf16", torch.bfloat16), ("f32", torch.float32)):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.rand(n, n, device="cuda", dtype=dtype) * 2 - 1
+    b = torch.rand(n, n, device="cuda", dtype=dtype) * 2 - 1
+    for _ in range(5):
+        a @ b
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(); a @ b; end.record(); torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    out[name] = 2 * n**3 / times[len(times) // 2] / 1e9
+print(json.dumps({"impl": "torch", "size": n, "gflops": out, "device": torch.cuda.get_device_name(0),
+                  "torch": torch.__version__}))
+PYEOF
+}
+export -f torch_gemm_peak
+gpu_step torch_gemm_peak 60 bash -c torch_gemm_peak
+
+# (b) every CUDA test: ops against the CPU reference, NCCL at world size 1,
+# llama-tiny's losses on the GPU against the CPU (train_gpu), ranks sharing a GPU.
+gpu_step ctest_cuda 240 ctest --test-dir "$BUILD_DIR" -L cuda --output-on-failure --timeout 200 -j 3
+grep -hE "^(gpu|gpu-mpi): |tests passed|tests failed|\*\*\*|Passed|Failed|Skipped|Not Run" \
+  "$logs/ctest_cuda.log" 2>/dev/null | sed 's/^/    /' | tee -a "$summary"
+
+# (c) our trainer and the PyTorch FSDP2 peer on the same model, batch and sequence
+# length: FULL_SHARD + BF16 + full recomputation first, then without recomputation.
+ours() {  # ours MODE
+  gpu_step "ours_$1" 120 "$BUILD_DIR/trainer" --config "$CONFIG" --steps "$STEPS" \
     --set train.global_batch_size="$MICRO_BATCH" --set train.micro_batch_size="$MICRO_BATCH" \
     --set train.seq_len="$SEQ" --set train.device=cuda --set checkpoint.dir='""' --set logging.interval=1 \
-    --set fsdp.activation_checkpointing.mode="$mode" --set logging.metrics_file="$logs/ours_$mode.jsonl"
-done
+    --set fsdp.sharding_strategy=FULL_SHARD --set fsdp.mixed_precision.param_dtype=bf16 \
+    --set fsdp.activation_checkpointing.mode="$1" --set logging.metrics_file="$logs/ours_$1.jsonl"
+}
+peer() {  # peer eager|compile none|full
+  local flags=()
+  [[ $1 == compile ]] && flags+=(--compile)
+  [[ $2 == full ]] && flags+=(--recompute)
+  gpu_step "torch_${1}_$2" "$([[ $1 == compile ]] && echo 150 || echo 90)" "$PY" bench/torch_fsdp2.py \
+    --config "$CONFIG" --set train.micro_batch_size="$MICRO_BATCH" --set train.global_batch_size="$MICRO_BATCH" \
+    --set train.seq_len="$SEQ" --steps "$TORCH_STEPS" --warmup 5 "${flags[@]}" --json "$logs/torch_${1}_$2.json"
+}
+ours full
+peer eager full
 
-# (c) the PyTorch FSDP2 peer on the same model, batch and sequence length.
-for mode in eager compile; do
-  for recompute in none full; do
-    flags=()
-    [[ $mode == compile ]] && flags+=(--compile)
-    [[ $recompute == full ]] && flags+=(--recompute)
-    cap=90
-    [[ $mode == compile ]] && cap=150
-    gpu_step "torch_${mode}_$recompute" "$cap" "$PY" bench/torch_fsdp2.py --config "$CONFIG" \
-      --set train.micro_batch_size="$MICRO_BATCH" --set train.global_batch_size="$MICRO_BATCH" \
-      --set train.seq_len="$SEQ" --steps "$TORCH_STEPS" --warmup 5 "${flags[@]}" \
-      --json "$logs/torch_${mode}_$recompute.json"
-  done
-done
+# (d) a real Hugging Face load: prepare (a SentencePiece tokenizer trained on this
+# repository's documentation), a small llama trained on the GPU in F32, its
+# unified checkpoint loaded by transformers and compared with our forward.
+hf_train() {
+  local work=/tmp/gpu_bench_hf device=cuda
+  rm -rf "$work" && mkdir -p "$work/text"
+  find "$root" -path "$root/.deps" -prune -o -path "$root/build*" -prune -o \( -name '*.md' -o -name '*.h' \) \
+    -type f -print0 | xargs -0 cat >"$work/text/repo.txt"
+  "$BUILD_DIR/prepare" "$work/text" --out "$work/data" --train-tokenizer --vocab-size 1024 || return 1
+  local sets=(--set model.vocab_size=1024 --set data.path="$work/data/train" --set data.val_path="$work/data/val"
+    --set data.tokenizer="$work/data/tokenizer.model" --set fsdp.mixed_precision.param_dtype=f32
+    --set checkpoint.dir="$work/ckpt" --set checkpoint.interval=0 --set logging.metrics_file='""'
+    --set logging.plot=false --set eval.sample_tokens=0 --set eval.batches=1 --set logging.interval=50)
+  "$BUILD_DIR/trainer" --config configs/tutorial.yaml --steps 300 --set train.device=$device "${sets[@]}" || {
+    echo "hf_train: the GPU run failed; training on the CPU instead so that the load is still checked"
+    rm -rf "$work/ckpt"
+    "$BUILD_DIR/trainer" --config configs/tutorial.yaml --steps 300 --set train.device=cpu "${sets[@]}" || return 1
+  }
+  "$PY" bench/hf_check.py "$work/ckpt/$(cat "$work/ckpt/latest")" --generate "$BUILD_DIR/generate" \
+    --json "$logs/hf_check.json"
+}
+export -f hf_train
+export BUILD_DIR
+gpu_step hf_load 150 bash -c hf_train
+grep -h "^hf_check: \|^hf_train: " "$logs/hf_load.log" 2>/dev/null | cut -c1-400 | sed 's/^/    /' | tee -a "$summary"
 
-# (d) collective bandwidth at world size 1 (NCCL's local path), when built.
+ours none
+peer eager none
+
+# (e) collective bandwidth at world size 1 (NCCL's local path), when built.
 if [[ -x $BUILD_DIR/nccl_bench ]]; then
   gpu_step nccl_bench 60 mpirun -np 1 "$BUILD_DIR/nccl_bench" --max-bytes 268435456
 else
   skip nccl_bench "${reason:-$BUILD_DIR/nccl_bench was not built}"
 fi
 
+# (f) the compiled peer last: torch.compile takes a minute or more per run.
+peer compile full
+peer compile none
+
 # --- 5. the table -----------------------------------------------------------------------------
 table() {
-  "$PY" - "$logs" "$MICRO_BATCH" "$SEQ" <<'EOF'
-import json, os, statistics, sys
+  "$PY" - "$logs" "$MICRO_BATCH" "$SEQ" "$CONFIG" <<'EOF'
+import json, os, statistics, subprocess, sys
 
-logs, micro, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+logs, micro, seq, config = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+
+def json_lines(name):
+    path = os.path.join(logs, name)
+    if not os.path.exists(path):
+        return []
+    rows = []
+    for line in open(path):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return rows
+
+# The measured dense BF16 peak: the faster of our cuBLASLt GEMM and PyTorch's matmul at 8192^3.
+peaks = {}
+for row in json_lines("gemm_peak.log"):
+    peaks[f"ours {row['dtype']}"] = row["gflops"] * 1e9
+for row in json_lines("torch_gemm_peak.log"):
+    for dtype, gflops in row["gflops"].items():
+        peaks[f"torch {dtype}"] = gflops * 1e9
+if peaks:
+    print("GEMM 8192^3 (median of 20): " + ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in sorted(peaks.items())))
+peak = max([v for k, v in peaks.items() if k.endswith("bf16")], default=0.0)
+
+try:
+    count = json.loads(subprocess.run([os.environ.get("PY", "python3"), "bench/torch_fsdp2.py", "--count-only",
+                                       "--config", config, "--set", f"train.seq_len={seq}"],
+                                      capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+    flops_per_token = count["flops_per_token"]
+except Exception as e:  # noqa: BLE001
+    print(f"(no FLOP count: {e})")
+    flops_per_token = 0.0
 
 def ours(mode):
-    path = os.path.join(logs, f"ours_{mode}.jsonl")
-    if not os.path.exists(path):
-        return None
-    rows = [json.loads(l) for l in open(path) if l.strip()]
+    rows = json_lines(f"ours_{mode}.jsonl")
     steady = rows[5:] or rows  # the first steps warm up (allocator, cuBLAS heuristics)
     if not steady:
         return None
-    mfus = [r["mfu"] for r in steady if "mfu" in r]
     return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
-            "mfu": statistics.median(mfus) if mfus else None,
-            "peak": max(r.get("peak_bytes", 0) for r in rows), "steps": len(steady)}
+            "peak": max(r.get("peak_bytes", 0) for r in rows), "steps": len(steady),
+            "loss": f"{rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}"}
 
 def peer(mode, recompute):
-    path = os.path.join(logs, f"torch_{mode}_{recompute}.json")
-    if not os.path.exists(path):
+    rows = json_lines(f"torch_{mode}_{recompute}.json")
+    if not rows:
         return None
-    r = json.loads(open(path).read())
-    return {"tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"] if r.get("peak_flops") else None,
-            "peak": r["peak_memory_bytes"], "steps": r["timed_steps"]}
+    r = rows[-1]
+    return {"tokens_per_s": r["tokens_per_s"], "peak": r["peak_memory_bytes"], "steps": r["timed_steps"],
+            "loss": f"{r['first_loss']:.3f} -> {r['last_loss']:.3f}"}
 
-def cell(r, key):
-    if r is None:
+def mfu(r):
+    if r is None or not peak or not flops_per_token:
         return "-"
-    v = r[key]
-    if v is None:
-        return "n/a"
-    return {"tokens_per_s": f"{v:,.0f}", "mfu": f"{100 * v:.1f}%", "peak": f"{v / 2**30:.1f} GiB"}[key]
+    return f"{100 * r['tokens_per_s'] * flops_per_token / peak:.1f}%"
 
-print(f"\nconfigs/llama.yaml, 1 GPU, micro-batch {micro} x seq {seq} = {micro * seq:,} tokens/step")
-print(f"{'run':<28}{'tokens/s':>12}{'MFU':>9}{'peak mem':>12}{'ours / this':>13}")
-for recompute in ("none", "full"):
+print(f"\n{config}, 1 GPU, FULL_SHARD + BF16, micro-batch {micro} x seq {seq} = {micro * seq:,} tokens/step; "
+      f"{flops_per_token / 1e9:.2f} GFLOP/token")
+print(f"{'run':<28}{'tokens/s':>11}{'MFU':>8}{'peak mem':>11}{'ours/this':>11}  loss")
+for recompute in ("full", "none"):
     o = ours(recompute)
     rows = [(f"ours recompute={recompute}", o)]
     rows += [(f"torch {m} recompute={recompute}", peer(m, recompute)) for m in ("eager", "compile")]
@@ -280,9 +382,12 @@ for recompute in ("none", "full"):
         ratio = "-"
         if r is not None and o is not None and r is not o and r["tokens_per_s"] > 0:
             ratio = f"{o['tokens_per_s'] / r['tokens_per_s']:.2f}x"
-        print(f"{name:<28}{cell(r, 'tokens_per_s'):>12}{cell(r, 'mfu'):>9}{cell(r, 'peak'):>12}{ratio:>13}")
-print("ours: median over steps after the 5th (tokens/s, MFU) and the largest peak; torch: mean of the timed steps.")
-print("MFU counts 6 x matmul params + 12 x L x T x D FLOPs per token (launch/flops.h), against the BF16 dense peak.")
+        tps = f"{r['tokens_per_s']:,.0f}" if r else "-"
+        mem = f"{r['peak'] / 2**30:.1f} GiB" if r else "-"
+        print(f"{name:<28}{tps:>11}{mfu(r):>8}{mem:>11}{ratio:>11}  {r['loss'] if r else ''}")
+print("ours: median tokens/s over the steps after the 5th; torch: mean of its timed steps after 5 warm-up steps.")
+print(f"MFU: tokens/s x FLOP/token (6 x matmul params + attention, launch/flops.h) / the measured BF16 peak "
+      f"({peak / 1e12:.1f} TFLOP/s).")
 print("peak memory: ours = our caching allocator's peak bytes, torch = torch.cuda.max_memory_allocated.")
 EOF
 }

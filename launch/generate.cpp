@@ -2,7 +2,7 @@
 //
 //   generate --checkpoint DIR|auto --prompt TEXT [--max-new-tokens N] [--temperature T]
 //            [--top-k K] [--top-p P] [--seed S] [--root DIR | --config FILE]
-//            [--tokenizer FILE] [--threads N] [--json]
+//            [--tokenizer FILE] [--threads N] [--json] [--logits FILE]
 //
 // DIR is any checkpoint of the trainer (unified or sharded, saved at any world
 // size), a checkpoint root (its newest complete checkpoint), or a Hugging Face
@@ -32,6 +32,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/index.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/state.h"
 #include "core/cpu/parallel.h"
 #include "core/error.h"
@@ -59,6 +60,7 @@ struct GenerateArgs {
   std::string tokenizer;              // --tokenizer FILE: a SentencePiece model instead of the checkpoint's
   int threads = 0;                    // --threads N: CPU threads; 0 = the cores this process may use
   bool json = false;                  // --json: one JSON object at the end instead of streaming
+  std::string logits;                 // --logits FILE: the prompt's logits (safetensors) for comparisons
   st::models::SampleOptions sample;   // --max-new-tokens, --temperature, --top-k, --top-p, --seed
 };
 
@@ -78,7 +80,9 @@ std::string generate_usage() {
          "                     (without either, ids are bytes: model.vocab_size must be 256)\n"
          "  --threads N        CPU threads (default 0: the cores this process may use)\n"
          "  --json             print one JSON object at the end (prompt_ids, ids, text, stop, tokens_per_s)\n"
-         "                     instead of streaming the text\n";
+         "                     instead of streaming the text\n"
+         "  --logits FILE      also write the prompt's logits, one forward over all its positions, to FILE\n"
+         "                     (safetensors: logits F32 [T, vocab], input_ids I32 [T]) before generating\n";
 }
 
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
@@ -130,6 +134,8 @@ void set_option(GenerateArgs& args, const std::string& flag, const std::string& 
     s.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
   else if (flag == "--threads")
     args.threads = static_cast<int>(parse_int(flag, value, 0));
+  else if (flag == "--logits")
+    args.logits = value;
   else
     ST_FAIL("unknown argument '{}' (see --help)", flag);
 }
@@ -356,6 +362,26 @@ Result run_generation(st::models::Llama& model, const TextCodec& codec, const Ge
   return r;
 }
 
+/// --logits: the plain forward over the whole prompt (no KV cache), every
+/// position's F32 logits written with the prompt's ids, for comparing this
+/// forward with another implementation's (bench/hf_check.py).
+void write_prompt_logits(st::models::Llama& model, const TextCodec& codec, const GenerateArgs& args) {
+  const std::vector<int32_t> ids = codec.encode(*args.prompt);
+  const auto n = static_cast<int64_t>(ids.size());
+  ST_CHECK(n >= 1 && n <= model.config().max_position_embeddings,
+           "--logits: the prompt is {} tokens long; expected 1 to model.max_position_embeddings ({})", n,
+           model.config().max_position_embeddings);
+  const st::Tensor input = st::Tensor::from_vector(ids, {1, n});  // (1,T)
+  const st::Tensor logits = model.forward(input);                 // (1,T,V)
+  model.release_saved_recursive();
+  st::checkpoint::SafetensorsWriter writer;
+  writer.add("logits", logits.view({n, logits.size(-1)}));
+  writer.add("input_ids", input.view({n}));
+  writer.write(args.logits);
+  std::fprintf(stderr, "generate: wrote the logits of %lld prompt tokens to %s\n", static_cast<long long>(n),
+               args.logits.c_str());
+}
+
 void report(const Result& r, const GenerateArgs& args, const st::ModelConfig& config) {
   const auto generated = static_cast<double>(r.generation.tokens.size());
   const double rate = r.seconds > 0 ? generated / r.seconds : 0.0;
@@ -395,6 +421,7 @@ int run(const std::vector<std::string>& argv) {
   const auto model = load_llama(dir, config);
   std::fprintf(stderr, "generate: %s (%lld parameters, tokenizer %s)\n", dir.c_str(),
                static_cast<long long>(model->num_parameters()), codec.name.c_str());
+  if (!args.logits.empty()) write_prompt_logits(*model, codec, args);
   report(run_generation(*model, codec, args), args, config);
   return 0;
 }

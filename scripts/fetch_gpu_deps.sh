@@ -25,6 +25,7 @@ roots=(
   libeigen3-dev                                          # CPU GEMM (header-only)
   nlohmann-json3-dev                                     # JSON (header-only)
   libgtest-dev                                           # tests (static libs, CMake config)
+  libsentencepiece-dev libsentencepiece0                 # tokenizer (prepare, generate, data.tokenizer)
 )
 
 # Already on the image, or not needed at run time. One alternation per kind:
