@@ -50,7 +50,10 @@ __device__ __forceinline__ bf16 round_bf16(float f) {
 
 /// An F32 or BF16 element widened to F32 (exact).
 __device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+// By the bits, not __bfloat162float: on sm_90 that is the cvt.f32.bf16
+// instruction, which promises a NaN for a NaN but not its payload, and the
+// CPU keeps every bit.
+__device__ __forceinline__ float to_f32(bf16 v) { return widen_bf16(__bfloat16_as_ushort(v)); }
 
 /// An F32 value stored as T (float, or bf16 rounded once by round_bf16).
 template <class T>

@@ -81,13 +81,15 @@ struct Scale {
   __device__ __forceinline__ T operator()(T x) const { return from_f32<T>(__fmul_rn(to_f32(x), s)); }
 };
 
-// y + alpha * x with the product rounded on its own, as the CPU loop computes it.
+// y + alpha * x as one fused multiply-add, as the CPU loop computes it: GCC
+// contracts a * b + c in C++ by default, and the CPU build targets this
+// machine's ISA (ST_NATIVE), which has FMA on every x86-64 server we run on.
 template <class Y>
 struct Axpy {
   float alpha;
   template <class X>
   __device__ __forceinline__ Y operator()(X x, Y y) const {
-    return from_f32<Y>(__fadd_rn(to_f32(y), __fmul_rn(alpha, to_f32(x))));
+    return from_f32<Y>(__fmaf_rn(alpha, to_f32(x), to_f32(y)));
   }
 };
 

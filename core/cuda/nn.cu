@@ -423,7 +423,7 @@ __global__ void cross_entropy_kernel(In logits, const int32_t* targets, int64_t 
 
 // One block: the loss sum over rows in double and the count of counted rows,
 // in a fixed order.
-__global__ void cross_entropy_total_kernel(const double* row_loss, const int32_t* targets, int64_t ignore_index,
+__global__ void __launch_bounds__(1024) cross_entropy_total_kernel(const double* row_loss, const int32_t* targets, int64_t ignore_index,
                                            int64_t rows, double* sum, long long* count) {
   double s = 0.0;
   long long c = 0;
@@ -454,7 +454,7 @@ __global__ void mse_kernel(In pred, In target, float g_scale, Out dpred, int64_t
 
 #undef ST_GRID_STRIDE
 
-__global__ void sum_partials_kernel(const double* partial, int64_t n, double* sum) {
+__global__ void __launch_bounds__(1024) sum_partials_kernel(const double* partial, int64_t n, double* sum) {
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
   s = block_reduce(s, Sum{}, 0.0);
