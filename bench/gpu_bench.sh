@@ -79,7 +79,7 @@ run_step() {
 }
 skip() { note "$(printf '%-24s SKIPPED (%s)' "$1" "$2")"; }
 
-note "gpu_bench $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname): $(git -C "$root" log --oneline -1 2>/dev/null)"
+note "gpu_bench $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname): commit ${COMMIT:-$(git -C "$root" log --oneline -1 2>/dev/null)}"
 note "settings: micro_batch $MICRO_BATCH, seq $SEQ, trainer steps $STEPS, peer timed steps $TORCH_STEPS, budget ${BUDGET_S}s, build $BUILD_DIR"
 
 # --- 1. dependencies: unpack the carried .debs (scripts/fetch_gpu_deps.sh) ------------------
