@@ -178,7 +178,7 @@ if run_step configure 150 cmake -S "$root" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUIL
   if [[ $SKIP_BUILD == 1 && -d $BUILD_DIR ]]; then
     skip build "SKIP_BUILD=1: using what $BUILD_DIR holds"
     built=1
-  elif run_step build 330 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]}"; then
+  elif run_step build 330 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]}" -- -k 0; then
     built=1
   fi
 fi

@@ -87,6 +87,15 @@ std::string format(std::string_view fmt, Args&&... args) {
   return os.str();
 }
 
+/// The same for a literal format. A call with an argument from namespace std
+/// (a std::string, a path) also finds std::format by argument-dependent
+/// lookup once <format> is in (GCC 13 and later); a literal binds to this
+/// overload exactly, so the call is not ambiguous.
+template <class... Args>
+std::string format(const char* fmt, Args&&... args) {
+  return ::st::format(std::string_view(fmt), std::forward<Args>(args)...);
+}
+
 /// A byte count for people, in powers of 1000: "812 B", "45.3 kB", "12.3 MB", "1.25 GB", "3.10 TB".
 inline std::string human_bytes(int64_t bytes) {
   const double b = static_cast<double>(bytes);
