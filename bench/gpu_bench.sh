@@ -23,6 +23,10 @@
 #   STEPS=30 TORCH_STEPS=20  trainer steps (the first 5 are not counted) / peer timed steps (after 5 warm-up)
 #   BUILD_DIR=build          SKIP_BUILD=1 reuses an existing build (configure still runs)
 #   BUDGET_S=540 JOBS=nproc  PY=python3 (the Python with torch)
+#   ONLY="ctest_cuda ..."    run only these steps (besides the build): a rerun after a fix; it
+#                            may also name the steps that run only when asked: ours_profile (our
+#                            FULL_SHARD step with --profile) and sanitize (the CUDA unit tests
+#                            under compute-sanitizer memcheck)
 set -uo pipefail  # no -e: a failed step is recorded and the next one runs
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,6 +40,7 @@ TORCH_STEPS="${TORCH_STEPS:-20}"
 BUDGET_S="${BUDGET_S:-540}"
 JOBS="${JOBS:-$(nproc)}"
 SKIP_BUILD="${SKIP_BUILD:-0}"
+ONLY="${ONLY:-}"
 PY="${PY:-python3}"
 CONFIG=configs/llama.yaml
 
@@ -55,6 +60,13 @@ pack() { tar -C "$logs" -czf "$OUT/logs.tar.gz" . 2>/dev/null; }
 run_step() {
   local name=$1 cap=$2
   shift 2
+  case $name in deps_unpack | cuda_libs | configure | build) ;; *)
+    if [[ -n $ONLY && " $ONLY " != *" $name "* ]]; then
+      note "$(printf '%-24s SKIPPED (not in ONLY)' "$name")"
+      return 1
+    fi
+    ;;
+  esac
   local left=$((BUDGET_S - ($(date +%s) - t_begin) - 15))  # 15 s kept for the table
   if ((left < 20)); then
     note "$(printf '%-24s SKIPPED (time budget of %s s spent)' "$name" "$BUDGET_S")"
@@ -269,6 +281,27 @@ peer() {  # peer eager|compile none|full
 }
 ours full
 peer eager full
+
+# Only when named in ONLY: where our step's time goes, and memcheck over the CUDA unit tests.
+if [[ " $ONLY " == *" ours_profile "* ]]; then
+  gpu_step ours_profile 120 "$BUILD_DIR/trainer" --config "$CONFIG" --steps 12 --profile \
+    --set train.global_batch_size="$MICRO_BATCH" --set train.micro_batch_size="$MICRO_BATCH" \
+    --set train.seq_len="$SEQ" --set train.device=cuda --set checkpoint.dir='""' --set logging.interval=4 \
+    --set fsdp.activation_checkpointing.mode=full
+fi
+if [[ " $ONLY " == *" sanitize "* ]]; then
+  sanitize() {
+    local t rc=0
+    for t in test_cuda_ops test_cuda_nn_ops; do
+      "$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)" --tool memcheck \
+        --error-exitcode 9 "$BUILD_DIR/tests/$t" || rc=1
+    done
+    return $rc
+  }
+  export -f sanitize
+  gpu_step sanitize 150 bash -c sanitize
+  grep -hE "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$logs/sanitize.log" 2>/dev/null | sed 's/^/    /' | tee -a "$summary"
+fi
 
 # (d) a real Hugging Face load: prepare (a SentencePiece tokenizer trained on this
 # repository's documentation), a small llama trained on the GPU in F32, its

@@ -10,8 +10,9 @@
 // Types cuBLASLt takes with F32 compute: A and B both F32 with an F32 C, or
 // both BF16 with an F32 or BF16 C. Other mixes are brought to one of these
 // without changing the result: a BF16 operand next to an F32 one is widened
-// to F32 (exact), and an F32 product bound for a BF16 c goes through an F32
-// temporary that is rounded once at the end, as the CPU does.
+// to F32 (exact), and an F32 product bound for a BF16 c, or any product
+// added to a BF16 c (beta != 0), goes through an F32 temporary that is
+// rounded once at the end, as the CPU does.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -206,6 +207,11 @@ class GemmContext {
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
+    // Split-K partial sums only in F32 (the compute type) or not at all: the
+    // in-place and output-type schemes would add BF16 partials, rounding many
+    // times (seen on an H100: a 64x96x80 BF16 product off by 6 BF16 ulps).
+    pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+             static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     // cuBLASLt answers "no algorithm" either with found == 0 or with
@@ -284,10 +290,13 @@ void gemm(const Tensor& a, ops::Transpose ta, const Tensor& b, ops::Transpose tb
   const void* pa = operand_as(a, ab_dtype, a_storage);
   const void* pb = operand_as(b, ab_dtype, b_storage);
 
-  // An F32 product for a BF16 c: accumulate into F32, round once at the end.
+  // An F32 product for a BF16 c, or any product added to a BF16 c (beta != 0):
+  // accumulate into F32, round once at the end, as the CPU does. cuBLASLt
+  // with a BF16 C and beta != 0 may round alpha * op(a) op(b) before adding
+  // beta * c (seen on an H100).
   Tensor c_f32;
   void* pc = c.raw_data();
-  if (ab_dtype == DType::F32 && c.dtype() == DType::BF16) {
+  if (c.dtype() == DType::BF16 && (ab_dtype == DType::F32 || beta != 0.0f)) {
     c_f32 = Tensor::empty(c.shape(), DType::F32, c.device());
     if (beta != 0.0f) cast(c, c_f32);
     pc = c_f32.raw_data();

@@ -423,8 +423,9 @@ __global__ void cross_entropy_kernel(In logits, const int32_t* targets, int64_t 
 
 // One block: the loss sum over rows in double and the count of counted rows,
 // in a fixed order.
-__global__ void __launch_bounds__(1024) cross_entropy_total_kernel(const double* row_loss, const int32_t* targets, int64_t ignore_index,
-                                           int64_t rows, double* sum, long long* count) {
+__global__ void __launch_bounds__(1024)
+    cross_entropy_total_kernel(const double* row_loss, const int32_t* targets, int64_t ignore_index, int64_t rows,
+                               double* sum, long long* count) {
   double s = 0.0;
   long long c = 0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
