@@ -47,7 +47,7 @@ CONFIG=configs/llama.yaml
 mkdir -p "$OUT"
 logs="$(mktemp -d /tmp/gpu_bench_logs.XXXXXX)"
 prefix="$root/.deps/prefix"
-export root logs prefix PY  # for the steps that run as functions (bash -c under timeout)
+export root logs prefix PY BUILD_DIR  # for the steps that run as functions (bash -c under timeout)
 summary="$OUT/summary.txt"
 t_begin=$(date +%s)
 : >"$summary"
@@ -325,7 +325,6 @@ hf_train() {
     --json "$logs/hf_check.json"
 }
 export -f hf_train
-export BUILD_DIR
 gpu_step hf_load 150 bash -c hf_train
 grep -h "^hf_check: \|^hf_train: " "$logs/hf_load.log" 2>/dev/null | cut -c1-400 | sed 's/^/    /' | tee -a "$summary"
 
