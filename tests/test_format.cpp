@@ -1,6 +1,8 @@
 // core/format.h: the numbers people read in log lines; core/error.h: what a
 // program prints when it fails.
 #include <stdexcept>
+#include <string>
+#include <string_view>
 
 #include <gtest/gtest.h>
 
@@ -18,6 +20,18 @@ TEST(Format, WithCommasGroupsThousands) {
   EXPECT_EQ(with_commas(-999), "-999");
   EXPECT_EQ(with_commas(-12345), "-12,345");
   EXPECT_EQ(with_commas(-123456), "-123,456");
+}
+
+// A literal format with arguments from namespace std (which GCC 13's
+// <format> made ambiguous with std::format) and a format held in a
+// std::string give the same text.
+TEST(Format, LiteralAndStringFormatsWithStdArguments) {
+  const std::string name = "model.norm.weight";
+  const std::string_view kind = "master";
+  EXPECT_EQ(format("{} ({}) {:.2f}", name, kind, 1.5), "model.norm.weight (master) 1.50");
+  const std::string fmt = "{} ({}) {:.2f}";
+  EXPECT_EQ(format(fmt, name, kind, 1.5), "model.norm.weight (master) 1.50");
+  EXPECT_EQ(format(std::string_view(fmt), name, kind, 1.5), "model.norm.weight (master) 1.50");
 }
 
 TEST(Format, HumanBytesUsesPowersOfAThousand) {

@@ -16,7 +16,9 @@ CHECK is one of:
                 model-*.safetensors, recomputing the whole prefix each step):
                 the same ids, or a first difference at a near-tie (top-2
                 logits within 1e-4 in torch), reported. The prompt's ids and
-                the decoded text must be SentencePiece's.
+                the decoded text must be SentencePiece's. `--logits FILE`
+                must hold the prompt's ids and, at every position, the logits
+                of torch's forward within LOGITS_BOUND of the largest one.
   sharded       llama-tiny (BF16 compute, F32 masters) trained twice from one
                 config: 2 ranks saving the sharded layout, 1 rank saving the
                 unified one (found with --checkpoint auto --config FILE). Both
@@ -54,6 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FORTUNES = ["/usr/share/games/fortunes/cookie", "/usr/share/games/fortunes/computers"]  # 483 KB of English
 NEAR_TIE = 1e-4
 NEW_TOKENS = 100  # past position 64: the CPU attention's second key tile
+LOGITS_BOUND = 1e-4  # F32 forwards that sum in other orders agree to ~1e-6 of the largest logit
 
 
 def fail(msg):
@@ -138,13 +141,33 @@ def prepare_tokens(tmp):
     return sp, len(ids)
 
 
+def compare_logits(path, model, prompt_ids):
+    """generate --logits' file against torch's forward over the same ids."""
+    tensors = read_safetensors(path)[1]
+    if tensors["input_ids"].tolist() != prompt_ids:
+        fail(f"{path}: input_ids {tensors['input_ids'].tolist()} != the prompt's {prompt_ids}")
+    with torch.no_grad():
+        want = model(torch.tensor([prompt_ids]))[0]
+    got = tensors["logits"]
+    if got.shape != want.shape:
+        fail(f"{path}: logits of shape {list(got.shape)}, torch's are {list(want.shape)}")
+    err = (got - want).abs().max().item() / want.abs().max().item()
+    if not err <= LOGITS_BOUND:
+        fail(f"--logits: {err:.2e} of the largest logit away from torch's forward (bound {LOGITS_BOUND})")
+    return err
+
+
 def compare_greedy(gen, step_dir, sp, model, config, prompt, new_tokens):
-    """generate's greedy ids for `prompt` against PyTorch's; returns the ids."""
+    """generate's greedy ids (and --logits) for `prompt` against PyTorch's; returns the ids."""
+    logits_path = os.path.join(os.path.dirname(os.path.dirname(step_dir)), "logits.safetensors")
     out, err = generate(gen, ["--checkpoint", step_dir, "--prompt", prompt, "--temperature", "0",
-                              "--max-new-tokens", str(new_tokens)])
+                              "--max-new-tokens", str(new_tokens), "--logits", logits_path])
     print(f"greedy-torch: {prompt[-40:]!r} -> {out['text'][:80]!r}")
     if out["prompt_ids"] != sp.encode(prompt):
         fail(f"prompt ids {out['prompt_ids']} != SentencePiece's {sp.encode(prompt)}")
+    logits_err = compare_logits(logits_path, model, out["prompt_ids"])
+    print(f"greedy-torch:   --logits: {len(out['prompt_ids'])} positions within {logits_err:.1e} of the largest "
+          f"logit of torch's forward")
     if out["text"].lstrip(" ") != sp.decode(out["ids"]).lstrip(" "):
         fail(f"text {out['text']!r} != SentencePiece's decode {sp.decode(out['ids'])!r}")
     want, gaps = torch_greedy(model, out["prompt_ids"], new_tokens, config["max_position_embeddings"], sp.eos_id())

@@ -61,6 +61,8 @@ def read_safetensors(path):
             arr = np.frombuffer(raw, dtype="<f4")
         elif t["dtype"] == "BF16":  # the upper half of an F32
             arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        elif t["dtype"] == "I32":
+            arr = np.frombuffer(raw, dtype="<i4")
         else:
             fail(f"{path}: unexpected dtype {t['dtype']} for {name}")
         tensors[name] = torch.from_numpy(arr.reshape(t["shape"]).copy())
