@@ -29,7 +29,6 @@ import argparse
 import json
 import logging
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,8 @@ import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "torch_ref"))
+from check_hf_checkpoint import read_safetensors as read_tensors  # noqa: E402
 PROMPTS = [
     "The checkpoint is written by every rank",
     "To resume a run on another number of ranks,",
@@ -51,25 +52,8 @@ LOGIT_TOLERANCE = 1e-4
 
 
 def read_safetensors(path):
-    """{name: numpy array} of F32/BF16/I32 tensors, parsed from the published format."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    header.pop("__metadata__", None)
-    out = {}
-    for name, t in header.items():
-        raw = data[t["data_offsets"][0]:t["data_offsets"][1]]
-        if t["dtype"] == "F32":
-            arr = np.frombuffer(raw, dtype=np.float32)
-        elif t["dtype"] == "I32":
-            arr = np.frombuffer(raw, dtype=np.int32)
-        elif t["dtype"] == "BF16":
-            arr = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            raise ValueError(f"{path}: {name} has dtype {t['dtype']}")
-        out[name] = arr.reshape(t["shape"])
-    return out
+    """{name: numpy array} of a safetensors file, by the tests' reader of the published format."""
+    return {name: t.numpy() for name, t in read_tensors(path)[1].items()}
 
 
 def model_weights(step_dir):
@@ -131,7 +115,6 @@ def load_transformers(step_dir, notes):
 
 
 def load_local(step_dir, notes):
-    sys.path.insert(0, os.path.join(ROOT, "tests", "torch_ref"))
     from check_llama import LlamaForCausalLM
 
     with open(os.path.join(step_dir, "config.json")) as f:
