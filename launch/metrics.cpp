@@ -1,5 +1,6 @@
 #include "launch/metrics.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -9,7 +10,11 @@
 #include <map>
 #include <sstream>
 
+#include <fcntl.h>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/format.h"
@@ -79,21 +84,76 @@ std::string format_step_json(const StepMetrics& m) {
   return j.dump();
 }
 
+namespace {
+
+// The length of `fd`'s regular file up to and including its last '\n' (0
+// when it has none), read backwards from `size` in blocks.
+int64_t complete_lines_length(int fd, int64_t size, const std::string& path) {
+  constexpr int64_t kBlock = 4096;
+  char block[kBlock];
+  for (int64_t end = size; end > 0;) {
+    const int64_t begin = std::max<int64_t>(0, end - kBlock);
+    const ssize_t got = ::pread(fd, block, static_cast<size_t>(end - begin), begin);
+    ST_CHECK(got == end - begin, "cannot read logging.metrics_file '{}': {}", path,
+             got < 0 ? std::strerror(errno) : "short read");
+    for (int64_t i = end - begin; i > 0; --i) {
+      if (block[i - 1] == '\n') return begin + i;
+    }
+    end = begin;
+  }
+  return 0;
+}
+
+}  // namespace
+
 MetricsFile::MetricsFile(const std::string& path) : path_(path) {
   if (path.empty()) return;
-  file_ = std::fopen(path.c_str(), "a");
-  ST_CHECK(file_ != nullptr, "cannot open logging.metrics_file '{}': {}", path, std::strerror(errno));
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  ST_CHECK(fd_ >= 0, "cannot open logging.metrics_file '{}': {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) return;  // a pipe or a device: nothing to repair
+  size_ = st.st_size;
+  const int reader = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ST_CHECK(reader >= 0, "cannot read logging.metrics_file '{}': {}", path, std::strerror(errno));
+  int64_t complete = 0;
+  try {
+    complete = complete_lines_length(reader, size_, path);
+  } catch (...) {
+    ::close(reader);
+    throw;
+  }
+  ::close(reader);
+  if (complete == size_) return;
+  ST_CHECK(::ftruncate(fd_, complete) == 0, "cannot cut the half-written last line of logging.metrics_file '{}': {}",
+           path, std::strerror(errno));
+  cut_bytes_ = size_ - complete;
+  size_ = complete;
 }
 
 MetricsFile::~MetricsFile() {
-  if (file_) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
-void MetricsFile::append(const StepMetrics& m) {
-  if (!file_) return;
-  std::string line = format_step_json(m) + "\n";
-  ST_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0,
-           "cannot write logging.metrics_file '{}': {}", path_, std::strerror(errno));
+bool MetricsFile::append(const StepMetrics& m) {
+  if (path_.empty()) return true;
+  if (fd_ < 0) return false;
+  const std::string line = format_step_json(m) + "\n";
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    error_ = format("cannot write logging.metrics_file '{}': {}", path_, n < 0 ? std::strerror(errno) : "no progress");
+    // What reached the file of this line goes (a device such as /dev/full cannot be cut: nothing to do there).
+    (void)::ftruncate(fd_, size_);
+    ::close(fd_);
+    fd_ = -1;
+    return false;
+  }
+  size_ += static_cast<int64_t>(line.size());
+  return true;
 }
 
 MetricsLog parse_metrics(std::string_view text, std::string_view source) {

@@ -2,7 +2,6 @@
 // Step metrics: the line rank 0 prints and the JSON object it appends to
 // `logging.metrics_file` (one per logged step).
 #include <cstdint>
-#include <cstdio>
 #include <limits>
 #include <optional>
 #include <string>
@@ -38,17 +37,32 @@ std::string format_step_line(const StepMetrics& m);
 std::string format_step_json(const StepMetrics& m);
 
 /// Appends JSON lines to a file; an empty path makes every call a no-op.
+/// Metrics are never worth a run: a write that fails (a full disk) cuts the
+/// file back to its last complete line and turns every later append into a
+/// no-op, and the caller warns and trains on. A regular file that ends in a
+/// half-written line (an earlier run killed or out of space mid-line) is cut
+/// back to its last complete line when it is opened, so that the lines
+/// appended now stay readable.
 class MetricsFile {
  public:
+  /// Throws st::Error naming the file when it cannot be opened.
   explicit MetricsFile(const std::string& path);
   ~MetricsFile();
   MetricsFile(const MetricsFile&) = delete;
   MetricsFile& operator=(const MetricsFile&) = delete;
-  void append(const StepMetrics& m);
+  /// False when this write failed, or an earlier one did (error() says why).
+  bool append(const StepMetrics& m);
+  /// The bytes of a half-written last line cut off at open (0: none).
+  int64_t cut_bytes() const { return cut_bytes_; }
+  /// Why the file stopped taking lines ("" while it takes them).
+  const std::string& error() const { return error_; }
 
  private:
   std::string path_;
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
+  int64_t size_ = 0;  // bytes of complete lines in the file
+  int64_t cut_bytes_ = 0;
+  std::string error_;
 };
 
 /// One step of a metrics file as read back; NaN for a field its lines lack

@@ -411,6 +411,12 @@ void Trainer::setup_data() {
   });
   log_.debug("data: this rank's share of the tokens checked against model.vocab_size in {:.3f} s", scan_seconds);
   metrics_.emplace(world_.rank() == 0 ? config_.logging.metrics_file : std::string());
+  if (metrics_->cut_bytes() > 0) {
+    log_.warn0(
+        "logging.metrics_file '{}' ended in a half-written line (an earlier run stopped mid-write): cut the "
+        "last {} byte(s), so that the lines this run appends stay readable",
+        std::filesystem::absolute(config_.logging.metrics_file).string(), metrics_->cut_bytes());
+  }
 }
 
 void Trainer::log_model() {
@@ -667,7 +673,13 @@ bool Trainer::report(int64_t done, const StepStats& stats, const StepTime& time,
   const bool log_step = (done + 1) % config_.logging.interval == 0 || done + 1 == last_step_ || val.has_value();
   if (log_step) {
     log_.info0("{}", format_step_line(sm));
-    metrics_->append(sm);
+    const bool had_metrics = metrics_->error().empty();
+    if (!metrics_->append(sm) && had_metrics) {
+      log_.warn0(
+          "{}; training goes on without writing metrics (checkpoints are not affected); the file keeps its "
+          "complete lines up to the step before {}",
+          metrics_->error(), sm.step);
+    }
   }
   return log_step;
 }

@@ -35,6 +35,12 @@ CHECK is one of:
               value; --config that is a directory, empty, only comments, a list or a
               scalar fails with one line; `latest` that is a FIFO, a directory or a
               symlink loop is reported and resume falls back, without hanging.
+  metrics     logging.metrics_file that cannot be written (/dev/full, and a file on a
+              full private tmpfs that fills up mid-run): one WARNING naming the file
+              and the reason, training goes on, exit 0, every checkpoint is saved,
+              and the file keeps only complete lines. A metrics file that ends in a
+              half-written line (a run killed mid-write) is cut back to its last
+              complete line, with a warning, before the next run appends to it.
 Each check prints what it observed; a failure exits 1.
 """
 import json
@@ -411,10 +417,66 @@ def check_inputs(trainer, ckpt_tool, tmp):
     print("inputs: latest as a FIFO, a directory, a symlink loop: said, fell back to step-000010, no hang")
 
 
+def json_lines(path, what):
+    """The lines of a metrics file, each of which must be a whole JSON object."""
+    with open(path) as f:
+        text = f.read()
+    if text and not text.endswith("\n"):
+        fail(f"{what}: {path} ends in a half line: {text[-80:]!r}")
+    try:
+        return [json.loads(line) for line in text.splitlines()]
+    except ValueError as e:
+        fail(f"{what}: {path} holds a line that is not JSON ({e})")
+
+
+def check_metrics(trainer, ckpt_tool, tmp):
+    run_args = [trainer, "--config", TINY, "--steps", "12"] + sets(checkpoint__interval=5, logging__interval=1)
+    warning = "training goes on without writing metrics (checkpoints are not affected)"
+    # A device that is always full.
+    root = os.path.join(tmp, "full")
+    proc = run(run_args + sets(checkpoint__dir=root, logging__metrics_file="/dev/full"), expect_ok=False)
+    out = expect(proc, 0, "cannot write logging.metrics_file '/dev/full': No space left on device", warning,
+                 "done: steps 1..12", what="metrics on /dev/full")
+    if out.count(warning) != 1 or latest_name(root) != "step-000012":
+        fail(f"metrics on /dev/full: {out.count(warning)} warnings, latest {latest_name(root)}")
+    print(f"metrics: /dev/full: one warning, exit 0, checkpoints {sorted(os.listdir(root))}")
+    # A real file system that fills up while the run logs: lines of ~170 bytes into the last free page.
+    copy = os.path.join(tmp, "filled.jsonl")
+    root = os.path.join(tmp, "tmpfs-run")
+    cmd = ["sh", "-c", 'mnt="$1"; shift; "$@"; rc=$?; cp "$mnt/m.jsonl" "' + copy + '"; exit $rc', "sh", "{mnt}"]
+    cmd += run_args + ["--steps", "40"] + sets(checkpoint__dir=root, logging__metrics_file="{mnt}/m.jsonl")
+    proc = in_tmpfs(tmp, "size=64k", (64 << 10) - 4096, cmd)
+    if proc is None:
+        print("metrics: this machine cannot mount a private tmpfs; the full-file-system case not run")
+    else:
+        expect(proc, 0, "No space left on device", warning, "done: steps 1..40", what="metrics on a full tmpfs")
+        lines = json_lines(copy, "metrics on a full tmpfs")
+        if not 0 < len(lines) < 40 or [r["step"] for r in lines] != list(range(1, len(lines) + 1)):
+            fail(f"metrics on a full tmpfs: steps {[r['step'] for r in lines]}")
+        print(f"metrics: full tmpfs: warning, exit 0, latest {latest_name(root)}, the file keeps steps 1..{len(lines)} "
+              f"as whole lines")
+    # A half-written last line from an earlier run is cut before this run appends.
+    path = os.path.join(tmp, "half.jsonl")
+    root = os.path.join(tmp, "half")
+    run(run_args + ["--steps", "3"] + sets(checkpoint__dir=root, logging__metrics_file=path))
+    with open(path) as f:
+        whole = f.read()
+    half = whole.splitlines()[-1][:40]
+    with open(path, "w") as f:
+        f.write(whole + half)
+    proc = run(run_args + ["--steps", "6"] + sets(checkpoint__dir=root, logging__metrics_file=path), expect_ok=False)
+    expect(proc, 0, f"ended in a half-written line (an earlier run stopped mid-write): cut the last {len(half)} byte(s)",
+           what="metrics with a half line")
+    steps = [r["step"] for r in json_lines(path, "metrics with a half line")]
+    if steps != [1, 2, 3, 4, 5, 6]:
+        fail(f"metrics with a half line: steps {steps} after the resume")
+    print(f"metrics: a half line of {len(half)} bytes was cut; after the resume the file reads steps {steps}")
+
+
 def main():
     trainer, ckpt_tool, check = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), sys.argv[3]
     checks = {"nonfinite": check_nonfinite, "ckpt-dir": check_ckpt_dir, "lock": check_lock, "strict": check_strict,
-              "inputs": check_inputs}
+              "inputs": check_inputs, "metrics": check_metrics}
     with tempfile.TemporaryDirectory() as tmp:
         checks[check](trainer, ckpt_tool, tmp)
 

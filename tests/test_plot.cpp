@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <set>
 #include <string>
@@ -137,6 +138,61 @@ TEST(PlotMetrics, ReadsAFile) {
   std::ofstream(path) << kResumed;
   EXPECT_EQ(read_metrics_file(path.string()).records.size(), 5u);
   std::filesystem::remove(path);
+}
+
+std::string read_all(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+StepMetrics step_metrics(int64_t step) {
+  StepMetrics m;
+  m.step = step;
+  m.loss = 2.5;
+  return m;
+}
+
+// A run killed mid-line (or out of space) leaves a half line; the next run's
+// MetricsFile cuts it off before appending, so the file reads back whole.
+TEST(MetricsFile, CutsAHalfWrittenLastLineAtOpen) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / "st_test_metrics_half.jsonl";
+  const std::string complete = format_step_json(step_metrics(1)) + "\n" + format_step_json(step_metrics(2)) + "\n";
+  const std::string half = R"({"elapsed_s":1.5,"grad_norm":0.3,"lo)";
+  std::ofstream(path, std::ios::binary) << complete << half;
+  {
+    MetricsFile file(path.string());
+    EXPECT_EQ(file.cut_bytes(), static_cast<int64_t>(half.size()));
+    EXPECT_EQ(read_all(path), complete);
+    EXPECT_TRUE(file.append(step_metrics(3)));
+  }
+  EXPECT_EQ(read_all(path), complete + format_step_json(step_metrics(3)) + "\n");
+  EXPECT_EQ(read_metrics_file(path.string()).records.size(), 3u);
+  {
+    MetricsFile file(path.string());  // whole lines only: nothing to cut
+    EXPECT_EQ(file.cut_bytes(), 0);
+  }
+  std::ofstream(path, std::ios::binary) << half;  // no complete line at all
+  {
+    MetricsFile file(path.string());
+    EXPECT_EQ(file.cut_bytes(), static_cast<int64_t>(half.size()));
+    EXPECT_EQ(read_all(path), "");
+  }
+  std::filesystem::remove(path);
+}
+
+// A write that fails (here ENOSPC from /dev/full) is reported once through
+// append()'s result and error(); later appends are no-ops, never exceptions.
+TEST(MetricsFile, AFailedWriteStopsTheFileWithoutThrowing) {
+  MetricsFile file("/dev/full");
+  EXPECT_EQ(file.cut_bytes(), 0);
+  EXPECT_TRUE(file.error().empty());
+  EXPECT_FALSE(file.append(step_metrics(1)));
+  EXPECT_EQ(file.error(), "cannot write logging.metrics_file '/dev/full': No space left on device");
+  EXPECT_FALSE(file.append(step_metrics(2)));
+  MetricsFile none("");
+  EXPECT_TRUE(none.append(step_metrics(1)));
+  EXPECT_EQ(error_of([] { MetricsFile bad("/nonexistent/dir/m.jsonl"); }),
+            "cannot open logging.metrics_file '/nonexistent/dir/m.jsonl': No such file or directory");
 }
 
 std::vector<PlotRun> two_runs() {
