@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -137,6 +138,38 @@ void TempDir::remove_unless_kept() noexcept {
   if (kept_) return;
   std::error_code ec;  // ignored: see the class comment
   fs::remove_all(path_, ec);
+}
+
+UniqueFd open_regular_file(const std::filesystem::path& path, const std::string& what) {
+  // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  ST_CHECK(fd.valid(), "cannot open {} '{}': {}", what, path.string(), errno_text(errno));
+  struct stat st {};
+  ST_CHECK(::fstat(fd.get(), &st) == 0, "cannot stat {} '{}': {}", what, path.string(), errno_text(errno));
+  ST_CHECK(S_ISREG(st.st_mode), "{} '{}' is not a regular file ({}); a checkpoint holds regular files only", what,
+           path.string(),
+           S_ISDIR(st.st_mode)                          ? "a directory"
+           : S_ISFIFO(st.st_mode)                       ? "a FIFO"
+           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+           : S_ISSOCK(st.st_mode)                       ? "a socket"
+                                                        : "not a file");
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  ST_CHECK(flags >= 0 && ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) == 0, "cannot read {} '{}': {}", what,
+           path.string(), errno_text(errno));
+  return fd;
+}
+
+std::string read_regular_file(const std::filesystem::path& path, const std::string& what) {
+  const UniqueFd fd = open_regular_file(path, what);
+  std::string text;
+  char block[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), block, sizeof block);
+    if (n < 0 && errno == EINTR) continue;
+    ST_CHECK(n >= 0, "cannot read {} '{}': {}", what, path.string(), errno_text(errno));
+    if (n == 0) return text;
+    text.append(block, static_cast<size_t>(n));
+  }
 }
 
 std::optional<std::string> read_small_file(const std::filesystem::path& path, std::string* problem) {

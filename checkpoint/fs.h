@@ -45,6 +45,16 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+/// Opens `path` for reading only if it is a regular file: the open itself
+/// cannot block (a FIFO with no writer, a device), and anything but a regular
+/// file is refused before a byte is read. Errors start with `what` (e.g.
+/// "safetensors file") and name the path and the reason.
+UniqueFd open_regular_file(const std::filesystem::path& path, const std::string& what);
+
+/// The whole of the regular file `path` (open_regular_file's checks), for the
+/// JSON files of a checkpoint; errors start with `what` and name the path.
+std::string read_regular_file(const std::filesystem::path& path, const std::string& what);
+
 /// Writes all `n` bytes at the descriptor's position (short writes and EINTR
 /// retried, at most 1 GiB per call); `what` names the file in errors.
 void write_all(int fd, const void* data, size_t n, const std::string& what);

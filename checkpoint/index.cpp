@@ -27,13 +27,9 @@ namespace fs = std::filesystem;
 std::string join_path(const std::string& dir, std::string_view name) { return (fs::path(dir) / name).string(); }
 
 json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open '{}': {}", path, std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  ST_CHECK(!in.bad(), "reading '{}' failed", path);
+  const std::string text = read_regular_file(path, "index");
   try {
-    return json::parse(text.str());
+    return json::parse(text);
   } catch (const json::exception& e) {
     ST_FAIL("'{}' is not valid JSON: {}", path, e.what());
   }
@@ -84,6 +80,10 @@ std::string unified_file_name(std::string_view family, int k, int n) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "-%05d-of-%05d.safetensors", k, n);
   return std::string(family) + buf;
+}
+
+bool is_plain_file_name(std::string_view name) {
+  return !name.empty() && name.find('/') == std::string_view::npos && name != "." && name != "..";
 }
 
 std::string shard_file_name(int rank, int world_size) {
@@ -172,8 +172,8 @@ ChunkRecord chunk_from_json(const json& j, const std::string& index_path) {
 
 // A file name from an index is untrusted: it must not leave the directory.
 void check_plain_name(const std::string& file, const std::string& key, const std::string& index_path) {
-  ST_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..",
-           "'{}': tensor '{}' names file '{}', which is not a plain file name", index_path, key, file);
+  ST_CHECK(is_plain_file_name(file), "'{}': tensor '{}' names file '{}', which is not a plain file name", index_path,
+           key, file);
 }
 
 void read_sharded_catalog(Catalog& cat, const std::string& index_path) {

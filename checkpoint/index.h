@@ -81,6 +81,10 @@ std::optional<int64_t> parse_step_dir_name(std::string_view name);
 std::string unified_file_name(std::string_view family, int k, int n);
 /// "shard-00002-of-00004.safetensors".
 std::string shard_file_name(int rank, int world_size);
+/// Whether `name` (a file an index names: untrusted) stays in the checkpoint
+/// directory: not empty, no '/', not "." or "..". Every reader checks this
+/// before it opens the file.
+bool is_plain_file_name(std::string_view name);
 /// "<fqn>|<kind>|<begin>".
 std::string chunk_key(const std::string& fqn, const std::string& kind, int64_t begin);
 

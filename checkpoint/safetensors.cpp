@@ -187,11 +187,9 @@ std::vector<WrittenTensor> SafetensorsWriter::write(const std::string& path) con
 // --- SafetensorsFile -------------------------------------------------------------
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
-  fd_ = UniqueFd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
-  ST_CHECK(fd_.valid(), "cannot open safetensors file '{}': {}", path_, errno_text(errno));
+  fd_ = open_regular_file(path_, "safetensors file");
   struct stat st {};
   ST_CHECK(::fstat(fd_.get(), &st) == 0, "cannot stat safetensors file '{}': {}", path_, errno_text(errno));
-  ST_CHECK(S_ISREG(st.st_mode), "safetensors file '{}' is not a regular file", path_);
   file_size_ = static_cast<uint64_t>(st.st_size);
   parse_header();
 }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/commit.h"
+#include "checkpoint/fs.h"
 #include "core/error.h"
 
 namespace st::checkpoint {
@@ -91,11 +92,7 @@ TrainerState read_trainer_state(const fs::path& dir) {
   std::error_code ec;
   ST_CHECK(fs::is_regular_file(path, ec), "cannot read {} (is {} a checkpoint directory?)", path.string(),
            dir.string());
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  ST_CHECK(in.good() || in.eof(), "cannot read {} (is {} a checkpoint directory?)", path.string(), dir.string());
-  return parse_trainer_state(text.str(), path.string());
+  return parse_trainer_state(read_regular_file(path, "trainer state"), path.string());
 }
 
 std::optional<TrainerState> read_trainer_state_if_present(const fs::path& dir) {

@@ -128,11 +128,10 @@ DType model_dtype_of(const std::optional<TrainerState>& state, const std::string
 }
 
 nlohmann::ordered_json read_json_object(const fs::path& path) {
-  std::ifstream in(path);
-  ST_CHECK(in.good(), "cannot read {}", path.string());
+  const std::string text = read_regular_file(path, "JSON file");
   nlohmann::ordered_json json;
   try {
-    in >> json;
+    json = nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     ST_FAIL("{} is not valid JSON: {}", path.string(), e.what());
   }
@@ -419,8 +418,16 @@ void check_unified_index(const fs::path& dir, std::string_view name, std::string
   if (!json.contains("weight_map") || !json["weight_map"].is_object()) return;
   const UnifiedIndex index{name, kind, json.value("crc32c", nlohmann::ordered_json::object())};
   std::map<std::string, std::vector<std::string>> keys_by_file;
-  for (const auto& [key, file] : json["weight_map"].items())
-    if (file.is_string()) keys_by_file[file.get<std::string>()].push_back(key);
+  for (const auto& [key, file] : json["weight_map"].items()) {
+    if (!file.is_string()) continue;
+    // Untrusted: a name that would leave the directory is reported, never opened.
+    if (!is_plain_file_name(file.get<std::string>())) {
+      out.problems.push_back(format("{}: tensor '{}' names file '{}', which is not a plain file name (not opened)",
+                                    name, key, file.get<std::string>()));
+      continue;
+    }
+    keys_by_file[file.get<std::string>()].push_back(key);
+  }
   for (const auto& [file_name, keys] : keys_by_file) check_indexed_file(dir, file_name, keys, index, known, out);
 }
 

@@ -20,6 +20,14 @@ checkpoint.format sharded and unified, and then:
             and both outputs pass `ckpt verify`
   resume    `trainer --resume OUT` from the converted checkpoint (and from the round
             trip) continues steps 4..6 with losses bit-identical to resuming the original
+  untrusted a data file replaced by a FIFO, or by a symlink to one: `verify` (and
+            `inspect` of a unified checkpoint, which reads the data files'
+            headers) exit 1 at once naming the file as "not a regular file (a
+            FIFO)" (the open cannot block); `inspect` of a sharded one reads only
+            its index and exits 0; an index whose weight_map names
+            '../outside.safetensors' (a valid copy of the real file, outside the
+            checkpoint) or '/etc/passwd': `verify` and `inspect` exit 1 naming the
+            name as not a plain file name, and verify says it was not opened
   errors    convert into an existing OUT, of a corrupted checkpoint, and bad arguments
             fail with exit 1 and one line naming the problem; a failed convert leaves no
             OUT and no temporary directory
@@ -372,6 +380,60 @@ def check_verify(env):
         print(f"verify {fmt}, {data_files[0]} truncated by 100 bytes: exit 1: {line}")
 
 
+def run_guarded(cmd, what):
+    """run() with a hang guard: a tool that blocks is the failure this check looks for."""
+    try:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        fail(f"{what}: {' '.join(cmd)} did not return (blocked)")
+
+
+def check_untrusted(env):
+    for fmt in FORMATS:
+        root = env.checkpoint(fmt)
+        for kind in ("fifo", "symlink"):
+            d = os.path.join(env.tmp, f"{kind}-{fmt}")
+            shutil.copytree(step_dir(root), d)
+            victim = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0]
+            os.remove(os.path.join(d, victim))
+            if kind == "fifo":
+                os.mkfifo(os.path.join(d, victim))
+            else:
+                fifo = os.path.join(env.tmp, f"elsewhere-{fmt}.fifo")
+                os.mkfifo(fifo)
+                os.symlink(fifo, os.path.join(d, victim))
+            for tool in ("verify", "inspect"):
+                proc = run_guarded(env.ckpt_cmd(tool, d), f"{tool} with a {kind}")
+                if tool == "inspect" and fmt == "sharded":
+                    # The sharded index holds every shape and dtype: inspect opens no data file.
+                    if proc.returncode != 0 or "exp_avg" not in proc.stdout:
+                        fail(f"inspect of a sharded checkpoint with a {kind}: exit {proc.returncode}")
+                    print(f"untrusted {fmt}: {victim} as a {kind}: inspect reads only the index: exit 0")
+                    continue
+                line = expect_failure(proc, [victim, "is not a regular file (a FIFO)"], f"{tool} with a {kind}")
+                print(f"untrusted {fmt}: {victim} as a {kind}: {tool} exit 1: {line[:150]}")
+    root = step_dir(env.checkpoint("unified"))
+    d = os.path.join(env.tmp, "escape", "step")
+    shutil.copytree(root, d)
+    index_path = os.path.join(d, "model.safetensors.index.json")
+    with open(index_path) as f:
+        index = json.load(f)
+    keys = sorted(index["weight_map"])
+    real = index["weight_map"][keys[0]]
+    shutil.copy(os.path.join(d, real), os.path.join(env.tmp, "escape", "outside.safetensors"))
+    index["weight_map"][keys[0]] = "../outside.safetensors"
+    index["weight_map"][keys[1]] = "/etc/passwd"
+    with open(index_path, "w") as f:
+        json.dump(index, f)
+    for name in ("../outside.safetensors", "/etc/passwd"):
+        proc = run_guarded(env.ckpt_cmd("verify", d), "verify of an escaping index")
+        line = expect_failure(proc, [f"names file '{name}', which is not a plain file name"], "verify, escaping name")
+        print(f"untrusted: weight_map names {name!r}: verify exit 1: {line[:160]}")
+    proc = run_guarded(env.ckpt_cmd("inspect", d), "inspect of an escaping index")
+    line = expect_failure(proc, ["which is not a plain file name"], "inspect, escaping name")
+    print(f"untrusted: inspect exit 1: {line[:160]}")
+
+
 def convert(env, src, fmt, out, np_):
     proc = run(env.ckpt_cmd("convert", src, "--to", fmt, out, np_=np_))
     return proc.stdout.strip()
@@ -480,7 +542,7 @@ def check_errors(env):
 def main():
     ckpt, trainer, check = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), sys.argv[3]
     checks = {"inspect": check_inspect, "verify": check_verify, "convert": check_convert, "resume": check_resume,
-              "errors": check_errors}
+              "errors": check_errors, "untrusted": check_untrusted}
     with tempfile.TemporaryDirectory() as tmp:
         checks[check](Env(ckpt, trainer, tmp))
 
