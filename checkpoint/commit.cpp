@@ -17,6 +17,7 @@
 #include "checkpoint/checksum.h"
 #include "checkpoint/fs.h"
 #include "core/error.h"
+#include "core/test_hook.h"
 
 namespace st::checkpoint {
 
@@ -81,6 +82,7 @@ fs::path PendingCheckpoint::final_path() const { return root_ / step_dir_name(st
 
 void PendingCheckpoint::stage(std::string_view name) const {
   if (hook_) hook_(name);
+  test_pause_point(name, step_);
 }
 
 void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {

@@ -16,6 +16,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/tasks.h"
+#include "core/test_hook.h"
 
 namespace st::checkpoint {
 namespace {
@@ -52,6 +53,18 @@ void convert_block(const std::byte* src, DType from, std::byte* dst, DType to, i
   } else {
     ST_FAIL("cannot store {} data as {}", from, to);
   }
+}
+
+// The step of a save's temporary directory (".tmp-step-000012-<pid>", see
+// checkpoint/commit.h), for the test hook; -1 for another name.
+int64_t step_of_temp_dir(const std::string& dir) {
+  const std::string name = fs::path(dir).filename().string();
+  const size_t at = name.find("step-");
+  if (at == std::string::npos) return -1;
+  int64_t step = 0;
+  size_t i = at + 5;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) step = step * 10 + (name[i] - '0');
+  return i > at + 5 ? step : -1;
 }
 
 }  // namespace
@@ -173,6 +186,7 @@ void StagedSave::Impl::write_files() {
     sums.push_back(sum);
   });
   ST_CHECK(failed.empty(), "{}", failed);
+  test_pause_point("files_written", step_of_temp_dir(dir));
 
   // Every file durable, fsynced in parallel.
   std::vector<std::pair<size_t, int>> to_sync;

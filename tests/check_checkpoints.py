@@ -15,8 +15,11 @@ CHECK is one of:
               and master_weight_compatible (master weights derived from BF16 model weights)
   init-from   checkpoint.init_from a model-only directory: the weights arrive exactly,
               the optimizer and the step start fresh; a checkpoint in checkpoint.dir wins
-  crash       a run saving every step is SIGKILLed at CRASH_ROUNDS random moments;
-              after each, `latest` names a complete checkpoint and --resume auto loads it
+  crash       a 2-rank run saving every step is SIGKILLed at each of CRASH_POINTS, named
+              phases of step 3's save (sync and async) where the process stopped
+              itself (ST_TEST_PAUSE_AT, core/test_hook.h: no timing); after each,
+              `latest` names the complete step 2 (step 3 once latest moved), --resume
+              auto loads that step and removes the killed save's debris
   corruption  a flipped byte, a missing file, a tensor missing from an index and a shape
               that disagrees with the model config each fail with a clear error that names
               the file or tensor, exit non-zero and leave the checkpoints as they were;
@@ -48,7 +51,6 @@ TINY = "configs/llama-tiny.yaml"
 # layouts), so losses agree to rounding, not bit for bit; F32 rounding over
 # 10 steps stays orders of magnitude below this.
 ELASTIC_BOUND = 1e-5
-CRASH_ROUNDS = 12
 
 
 def train(trainer, np, tmp, name, extra, config=TINY, steps=20, expect_ok=True):
@@ -270,40 +272,68 @@ def complete(step_dir):
     return True
 
 
-def check_crash(trainer, tmp):
-    root = os.path.join(tmp, "crash")
-    rng = random.Random(20261122)
-    mid_save = 0
-    for i in range(CRASH_ROUNDS):
-        before = latest_of(root) if os.path.exists(os.path.join(root, "latest")) else None
-        cmd = mpirun(2) + [trainer, "--config", TINY, "--steps", "100000", "--resume", "auto"] + sets(
-            checkpoint__dir=root, checkpoint__interval=1, checkpoint__keep_last=3,
-            checkpoint__async="true" if i % 2 else "false", logging__interval=1000)
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-        time.sleep(rng.uniform(0.8, 2.5))
-        # Kill every process of the job at once, wherever the launcher put them.
-        subprocess.run(["pkill", "-KILL", "-f", root])
+# Where check_crash kills the job: the save's own phases (core/test_hook.h),
+# each reached in step CRASH_STEP, with synchronous and async saves. The
+# temporary directory exists from temp_created to renamed; latest moves at
+# latest_renamed.
+CRASH_POINTS = [("temp_created", "false"), ("files_written", "false"), ("files_written", "true"),
+                ("marker_written", "true"), ("temp_dir_synced", "false"), ("renamed", "false"),
+                ("latest_tmp_written", "true"), ("latest_renamed", "false")]
+CRASH_STEP = 3
+
+
+def kill_at(cmd, point, step, root):
+    """Runs `cmd` with the test hook set to stop the job at `point` of `step`;
+    once a process says it stopped there, SIGKILLs every process of the job."""
+    env = dict(os.environ, ST_TEST_PAUSE_AT=f"{point}@{step}")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    seen = []
+    for line in proc.stderr:  # a hang here is caught by CTest's timeout
+        seen.append(line)
+        if line.startswith(f"test hook: paused at {point} of step {step}"):
+            break
+    else:
         proc.wait()
-        if any(n.startswith(".tmp-step") for n in os.listdir(root)):
-            mid_save += 1
-        if not os.path.exists(os.path.join(root, "latest")):
-            if before is not None:
-                fail(f"round {i}: latest disappeared")
-            print(f"crash round {i}: killed before the first commit; no latest (fine)")
-            continue
+        fail(f"{point}@{step}: the job ended (exit {proc.returncode}) without reaching the point: "
+             f"{''.join(seen[-20:])}")
+    subprocess.run(["pkill", "-KILL", "-f", root])
+    proc.stderr.close()
+    proc.wait()
+
+
+def check_crash(trainer, tmp):
+    mid_save = 0
+    for i, (point, async_save) in enumerate(CRASH_POINTS):
+        root = os.path.join(tmp, f"crash-{i}")
+        cmd = mpirun(2) + [trainer, "--config", TINY, "--steps", "100000", "--resume", "auto"] + sets(
+            checkpoint__dir=root, checkpoint__interval=1, checkpoint__keep_last=3, checkpoint__async=async_save,
+            logging__interval=1000)
+        kill_at(cmd, point, CRASH_STEP, root)
+        tmp_left = any(n.startswith(".tmp-step") for n in os.listdir(root))
+        mid_save += tmp_left
         latest = latest_of(root)
-        if not complete(latest):
-            fail(f"round {i}: latest names {latest}, which is not complete")
+        want_latest = CRASH_STEP if point == "latest_renamed" else CRASH_STEP - 1
+        if os.path.basename(latest) != f"step-{want_latest:06d}" or not complete(latest):
+            fail(f"{point}: latest names {os.path.basename(latest)} (complete: {complete(latest)}), "
+                 f"expected a complete step-{want_latest:06d}")
+        # Between the rename and latest's move, step 3 is complete but latest names step 2: the
+        # resume takes the one `latest` names (a commit is the move of latest).
         check = run(mpirun(1) + [trainer, "--config", TINY, "--resume", "auto"] +
-                    sets(checkpoint__dir=root, train__steps=int(latest[-6:]) + 1), expect_ok=False)
+                    sets(checkpoint__dir=root, train__steps=want_latest + 1), expect_ok=False)
         if check.returncode != 0 or f"resumed from {latest}" not in check.stderr:
             sys.stderr.write(check.stderr)
-            fail(f"round {i}: --resume auto did not load {latest}")
-        print(f"crash round {i}: latest = {os.path.basename(latest)}, complete, loads with --resume auto")
-    print(f"crash: {CRASH_ROUNDS} SIGKILLs, {mid_save} of them left a half-written save behind; latest always loaded")
-    if mid_save == 0:
-        fail("no kill landed during a save, so the test proved nothing; it saves every step")
+            fail(f"{point}: --resume auto did not load {latest}")
+        newest = latest
+        if any(n.startswith(".tmp-step") for n in os.listdir(root)):
+            fail(f"{point}: the resumed run left the killed save's temporary directory behind")
+        print(f"crash at {point} of step {CRASH_STEP} (async {async_save}): latest = {os.path.basename(latest)}, "
+              f"complete; temporary directory left: {tmp_left}; --resume auto loaded {os.path.basename(newest)} "
+              f"and cleaned up")
+    print(f"crash: {len(CRASH_POINTS)} SIGKILLs at named save phases, {mid_save} inside a save's temporary directory; "
+          f"latest always complete and loaded")
+    if mid_save < 4:
+        fail(f"only {mid_save} kills left a temporary directory; the first five points are inside one")
 
 
 def expect_failure(trainer, tmp, name, extra, needles, ckpt):
