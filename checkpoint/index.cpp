@@ -343,7 +343,13 @@ std::string marker_body(const fs::path& dir, int64_t step, const std::vector<std
     uintmax_t size = fs::file_size(file, ec);
     ST_CHECK(!ec, "checkpoint file {} cannot be read: {}", file.string(), ec.message());
     fsync_path(file, PathKind::File);
-    marker += format("file {} {}\n", size, name);
+    if (name.ends_with(".safetensors")) {
+      marker += format("file {} {}\n", size, name);
+    } else {
+      const std::string content = read_regular_file(file, "checkpoint file");
+      ST_CHECK(content.size() == size, "checkpoint file {} changed while the marker was written", file.string());
+      marker += format("sum {} {} {}\n", size, crc_hex(content), name);
+    }
   }
   return marker;
 }
@@ -394,10 +400,15 @@ CompleteMarker read_complete_marker(const fs::path& dir) {
     std::istringstream fields(line);
     std::string kind;
     MarkerFile file;
-    if (!(fields >> kind >> file.size) || kind != "file") {
+    std::string crc;
+    const bool ok = (fields >> kind >> file.size) &&
+                    (kind == "file" || (kind == "sum" && fields >> crc && crc.size() == 8 &&
+                                        crc.find_first_not_of("0123456789abcdef") == std::string::npos));
+    if (!ok) {
       out.problem = format("COMPLETE marker has a bad line '{}'", line);
       return out;
     }
+    if (kind == "sum") file.crc32c = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
     std::getline(fields >> std::ws, file.name);
     out.files.push_back(std::move(file));
   }
@@ -423,11 +434,32 @@ std::string incomplete_reason(const fs::path& dir, int64_t step) {
   if (!marker.problem.empty()) return marker.problem;
   if (marker.step != step) return format("COMPLETE marker is for step {}, not step {}", marker.step, step);
   for (const MarkerFile& f : marker.files) {
-    std::error_code size_ec;
-    const uintmax_t actual = fs::file_size(dir / f.name, size_ec);
-    if (size_ec) return format("{} is missing ({})", f.name, size_ec.message());
-    if (actual != f.size) return format("{} has {} bytes, COMPLETE lists {}", f.name, actual, f.size);
+    if (std::string problem = marker_file_problem(dir, f); !problem.empty()) return problem;
   }
+  return {};
+}
+
+std::string marker_file_problem(const fs::path& dir, const MarkerFile& f) {
+  if (!is_plain_file_name(f.name)) return format("COMPLETE lists '{}', which is not a plain file name", f.name);
+  std::error_code size_ec;
+  const uintmax_t actual = fs::file_size(dir / f.name, size_ec);
+  if (size_ec) return format("{} is missing ({})", f.name, size_ec.message());
+  if (actual != f.size) return format("{} has {} bytes, COMPLETE lists {}", f.name, actual, f.size);
+  if (!f.crc32c) return {};
+  std::string content;
+  try {
+    content = read_regular_file(dir / f.name, "checkpoint file");
+  } catch (const Error& e) {
+    return e.message();
+  }
+  const std::string have = crc_hex(content);
+  char want[16];
+  std::snprintf(want, sizeof want, "%08x", *f.crc32c);
+  if (have != want)
+    return format(
+        "{} fails its checksum in COMPLETE (crc32c {}, COMPLETE lists {}): the file was changed after "
+        "the save",
+        f.name, have, want);
   return {};
 }
 

@@ -146,22 +146,33 @@ std::string sharded_index_text(int world_size,
 //
 //   shardtrain checkpoint
 //   step N
-//   file <bytes> <name>        one line per file of the checkpoint
+//   file <bytes> <name>        one line per safetensors file (its tensors carry CRC32Cs in the index)
+//   sum <bytes> <crc32c> <name>  one line per other file (JSON, tokenizer): its whole content's CRC32C
 //   crc32c <8 hex digits>      of everything above
+//
+// Markers written before "sum" lines existed list every file as "file"; they
+// still read, without the whole-file checksums.
 
 /// Name of the marker file inside a committed checkpoint directory.
 inline constexpr std::string_view complete_marker_name = "COMPLETE";
 /// Empty when `dir` holds a complete checkpoint of `step`: a COMPLETE marker
 /// that is intact (its CRC32C matches), names `step`, and lists files that all
-/// exist with the listed sizes. Otherwise the reason, e.g. "missing COMPLETE
-/// marker" or "model.safetensors has 10 bytes, COMPLETE lists 20".
+/// exist with the listed sizes and, for the files it lists with a checksum,
+/// that checksum. Otherwise the reason, e.g. "missing COMPLETE marker",
+/// "model.safetensors has 10 bytes, COMPLETE lists 20" or "trainer_state.json
+/// fails its checksum in COMPLETE (crc32c 1a2b3c4d, COMPLETE lists 5e6f7081)".
 std::string incomplete_reason(const std::filesystem::path& dir, int64_t step);
 
 /// One file a COMPLETE marker lists.
 struct MarkerFile {
   std::string name;  // plain file name inside the checkpoint directory
   uintmax_t size = 0;
+  std::optional<uint32_t> crc32c;  // of the whole file; set for every file but safetensors data
 };
+
+/// Empty when `dir`/`f.name` has the size (and the checksum, when listed) that
+/// the marker gives; else the problem, naming the file.
+std::string marker_file_problem(const std::filesystem::path& dir, const MarkerFile& f);
 
 /// A COMPLETE marker as read back, without looking at the files it lists.
 struct CompleteMarker {
@@ -175,7 +186,8 @@ struct CompleteMarker {
 CompleteMarker read_complete_marker(const std::filesystem::path& dir);
 
 /// The COMPLETE marker's text for `step`, listing `files_written` (plain
-/// names inside `dir`) with their sizes; each file is fsynced first, so the
+/// names inside `dir`) with their sizes and, but for safetensors files, their
+/// whole-file CRC32C; each file is fsynced first, so the
 /// marker never vouches for data that is not yet durable. Throws st::Error
 /// naming a file that cannot be read.
 std::string complete_marker_text(const std::filesystem::path& dir, int64_t step,

@@ -469,12 +469,7 @@ std::set<std::string> check_marker(const fs::path& dir, const CompleteMarker& ma
   }
   for (const MarkerFile& f : marker.files) {
     listed.insert(f.name);
-    std::error_code ec;
-    const uintmax_t size = fs::file_size(dir / f.name, ec);
-    if (ec)
-      problems.push_back(format("{}: missing ({}; COMPLETE lists {} bytes)", f.name, ec.message(), f.size));
-    else if (size != f.size)
-      problems.push_back(format("{}: {} bytes, COMPLETE lists {}", f.name, size, f.size));
+    if (std::string problem = marker_file_problem(dir, f); !problem.empty()) problems.push_back(problem);
   }
   if (auto named = parse_step_dir_name(dir.filename().string()); named && *named != marker.step)
     problems.push_back(format("{}: COMPLETE is for step {}", dir.filename().string(), marker.step));

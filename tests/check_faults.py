@@ -88,6 +88,23 @@ def crc32c(data):
     return c ^ 0xFFFFFFFF
 
 
+def resum_marker(ckpt, name):
+    """Records the new whole-file CRC32C of `name` in ckpt's COMPLETE marker (and
+    the marker's own CRC), as a save that wrote this content would have."""
+    marker_path = os.path.join(ckpt, "COMPLETE")
+    with open(marker_path) as f:
+        lines = f.read().splitlines()[:-1]  # without its crc32c line
+    with open(os.path.join(ckpt, name), "rb") as f:
+        content = f.read()
+    for i, line in enumerate(lines):
+        fields = line.split(" ", 3)
+        if fields[0] == "sum" and fields[3] == name:
+            lines[i] = f"sum {len(content)} {crc32c(content):08x} {name}"
+    body = "".join(line + "\n" for line in lines)
+    with open(marker_path, "w") as f:
+        f.write(body + f"crc32c {crc32c(body.encode()):08x}\n")
+
+
 def rewrite_tensor(ckpt, index_name, key, values_for):
     """Replaces tensor `key` (F32) of a unified checkpoint by values_for(n) and
     records its new CRC32C in the index, as an intact but bad save would. Every
@@ -119,6 +136,7 @@ def rewrite_tensor(ckpt, index_name, key, values_for):
     text = text[:old.start()] + new + text[old.end():]
     with open(index_path, "w") as f:
         f.write(text)
+    resum_marker(ckpt, index_name)
     return count
 
 
@@ -324,11 +342,13 @@ def check_strict(trainer, ckpt_tool, tmp):
         f.write(good)
     run([trainer, "--config", TINY, "--stop-after", "20"] + sets(checkpoint__dir=os.path.join(tmp, "auto")))
     auto_root = os.path.join(tmp, "auto")
-    # Same size as before, so the COMPLETE marker still vouches for the file.
+    # Same size as before and re-summed in the COMPLETE marker, as a buggy save would
+    # leave it: the marker vouches for the file, the parser must refuse it.
     corrupt_path = os.path.join(auto_root, "step-000020", "trainer_state.json")
     size = os.path.getsize(corrupt_path)
     with open(corrupt_path, "w") as f:
         f.write('{"step": -1, "consumed_samples": 0, "optimizer_steps": 0}'.ljust(size))
+    resum_marker(os.path.dirname(corrupt_path), "trainer_state.json")
     proc = run([trainer, "--config", TINY, "--resume", "auto", "--stop-after", "21"] +
                sets(checkpoint__dir=auto_root))
     expect(proc, 0, "'step' is -1", f"falling back to {os.path.join(auto_root, 'step-000010')}",

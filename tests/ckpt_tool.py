@@ -14,7 +14,8 @@ checkpoint.format sharded and unified, and then:
             of the model (123,712 parameters); the text form lists the same tensors
   verify    passes on the checkpoint ("verified ... : OK"); fails (exit 1) naming the
             file and the tensor after one byte inside a tensor's data is flipped; names
-            a deleted file and a truncated one
+            a deleted file and a truncated one, and trainer_state.json after a
+            same-size edit of consumed_samples (its checksum in COMPLETE)
   convert   the checkpoint converted to the other layout with 3 processes, and back with
             1 process (no launcher), holds every tensor byte-identical to the original,
             and both outputs pass `ckpt verify`
@@ -42,6 +43,9 @@ import sys
 import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_faults import resum_marker  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "configs/llama-tiny.yaml"
@@ -370,6 +374,24 @@ def check_verify(env):
             print(f"verify {fmt}, a broken header, a flipped byte and a deleted file: exit 1, "
                   f"{len(proc.stderr.splitlines())} lines, each problem named")
 
+        # A same-size edit of a JSON file (consumed_samples 36 -> 38): caught by its checksum in COMPLETE.
+        edited = os.path.join(env.tmp, f"edited-{fmt}")
+        shutil.copytree(step_dir(root), edited)
+        state_path = os.path.join(edited, "trainer_state.json")
+        with open(state_path) as f:
+            text = f.read()
+        key = '"consumed_samples": '
+        at = text.index(key) + len(key)
+        digit = text[at + len(text[at:].split(",")[0].strip()) - 1]
+        edit = text[:at] + text[at:].replace(digit, str((int(digit) + 2) % 10), 1)
+        if len(edit) != len(text) or edit == text:
+            fail("could not make a same-size edit of consumed_samples")
+        with open(state_path, "w") as f:
+            f.write(edit)
+        line = expect_failure(run(env.ckpt_cmd("verify", edited), expect_ok=False),
+                              ["trainer_state.json", "fails its checksum in COMPLETE"], "same-size JSON edit")
+        print(f"verify {fmt}, consumed_samples edited in place (same size): exit 1: {line[:140]}")
+
         short = os.path.join(env.tmp, f"short-{fmt}")
         shutil.copytree(step_dir(root), short)
         path = os.path.join(short, data_files[0])
@@ -519,6 +541,7 @@ def check_errors(env):
     shutil.copytree(step_dir(env.checkpoint("unified")), broken)
     with open(os.path.join(broken, "config.json"), "r+b") as f:
         f.write(b"X")
+    resum_marker(broken, "config.json")  # as a save that wrote this file would have: its checksum passes
     for np_ in (None, 2):
         out = os.path.join(parent, f"from-broken-config-np{np_ or 1}")
         proc = run(env.ckpt_cmd("convert", broken, "--to", "sharded", out, np_=np_), expect_ok=False)

@@ -3,9 +3,11 @@
 // tool publishes its output through. The crash tests fork a child that
 // SIGKILLs itself at each stage of a commit (through the commit hook) and then
 // check, in the parent, what a restarted job would see.
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -17,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "checkpoint/checksum.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/fs.h"
 #include "checkpoint/state.h"
@@ -77,6 +80,23 @@ void save(const fs::path& root, int64_t step, size_t bytes = 100) {
   pending.commit(write_payload(pending, bytes));
 }
 
+// A same-size edit of a file the marker lists with a checksum (trainer_state.json)
+// makes the checkpoint incomplete, naming the file; data files keep size checks only.
+TEST(Commit, SameSizeEditOfAChecksummedFileIsCaught) {
+  TempRoot tmp;
+  const fs::path root = tmp.path() / "ckpt";
+  save(root, 5);
+  const fs::path dir = root / "step-000005";
+  ASSERT_EQ(incomplete_reason(dir, 5), "");
+  write_text(dir / "trainer_state.json", std::string(51, 't'));  // same size, other bytes
+  const std::string reason = incomplete_reason(dir, 5);
+  EXPECT_TRUE(contains(reason, "trainer_state.json fails its checksum in COMPLETE")) << reason;
+  write_text(dir / "trainer_state.json", std::string(51, 's'));  // restored
+  EXPECT_EQ(incomplete_reason(dir, 5), "");
+  write_text(dir / "model.safetensors", std::string(100, 'x'));  // the tensors' CRCs live in the index
+  EXPECT_EQ(incomplete_reason(dir, 5), "");
+}
+
 TEST(Commit, StepNamesRoundTrip) {
   EXPECT_EQ(step_dir_name(200), "step-000200");
   EXPECT_EQ(step_dir_name(0), "step-000000");
@@ -108,7 +128,12 @@ TEST(Commit, CommitCreatesStepDirMarkerAndLatest) {
   std::string marker = read_text(dir / "COMPLETE");
   EXPECT_TRUE(contains(marker, "step 200\n"));
   EXPECT_TRUE(contains(marker, "file 100 model.safetensors\n"));
-  EXPECT_TRUE(contains(marker, "file 51 trainer_state.json\n"));
+  // Not safetensors: listed with its whole-file CRC32C.
+  const std::string state(51, 's');
+  char sum[64];
+  std::snprintf(sum, sizeof sum, "sum 51 %08x trainer_state.json\n",
+                crc32c(std::as_bytes(std::span(state.data(), state.size()))));
+  EXPECT_TRUE(contains(marker, sum)) << marker;
   EXPECT_EQ(read_text(root / "latest"), "step-000200\n");
   EXPECT_FALSE(fs::exists(root / ".latest.tmp"));
   EXPECT_EQ(incomplete_reason(dir, 200), "");
