@@ -108,7 +108,9 @@ void Saver::finish_in_flight() {
   if (!in_flight_) return;
   std::unique_ptr<InFlight> f = std::move(in_flight_);
   if (f->writer.joinable()) f->writer.join();
-  std::vector<std::string> files, deleted;
+  std::vector<std::string> files;
+  RetentionResult retention;
+  std::optional<int64_t> latest_kept;
   try {
     files = f->staged->finish();
   } catch (const Error& e) {
@@ -129,14 +131,40 @@ void Saver::finish_in_flight() {
       files.push_back(x.name);
     }
     f->pending->commit(files);
-    deleted = apply_retention(options_.root, options_.keep_last);
+    committed_.insert(f->step);
+    latest_kept = f->pending->latest_kept();
+    retention = apply_retention(options_.root, {options_.keep_last, resumed_from_, committed_, damaged_});
   });
   const double secs = since(f->start);
   log_.info0("saved checkpoint {}/{} ({}{}): {} in {:.3f} s ({:.3f} GB/s), training blocked {:.3f} s", options_.root,
              step_dir_name(f->step), layout_name(options_.save.layout), options_.async ? ", async" : "",
              human_bytes(f->total_bytes), secs, static_cast<double>(f->total_bytes) / secs / 1e9,
              options_.async ? f->blocking_s : secs);
-  if (!deleted.empty()) log_.info0("checkpoint.keep_last {}: deleted {}", options_.keep_last, join(deleted, ", "));
+  if (!retention.deleted.empty())
+    log_.info0("checkpoint.keep_last {}: deleted {}", options_.keep_last, join(retention.deleted, ", "));
+  warn_kept(retention.kept_damaged, latest_kept, f->step);
+}
+
+void Saver::warn_kept(const std::vector<std::string>& kept_damaged, std::optional<int64_t> latest_kept, int64_t step) {
+  // Once per run each: the same warning at every save would bury the log.
+  if (latest_kept && warned_.insert("latest").second)
+    log_.warn0(
+        "latest still names {}, newer than {} just saved: it does not move back while {} exists (repair it, or "
+        "remove it when it is not needed; --overwrite starts over)",
+        step_dir_name(*latest_kept), step_dir_name(step), step_dir_name(*latest_kept));
+  if (options_.keep_last <= 0) return;
+  for (const std::string& kept : kept_damaged) {
+    if (!warned_.insert(kept).second) continue;
+    log_.warn0(
+        "checkpoint.keep_last {}: kept {}, which does not load; it is not counted and never deleted by "
+        "retention: restore its files, or remove it once it is not needed",
+        options_.keep_last, kept);
+  }
+}
+
+void Saver::note_resume(int64_t step, std::map<int64_t, std::string> damaged) {
+  resumed_from_ = step;
+  damaged_ = std::move(damaged);
 }
 
 int Saver::poll(int value) {
@@ -260,13 +288,13 @@ Loaded load(std::span<StateEntry> entries, const std::string& dir, const LoadOpt
   return out;
 }
 
-std::optional<std::string> resume(const std::string& what, const std::string& root,
-                                  const std::function<void(const std::string& dir)>& load_dir, Logger& log) {
+AutoResumed resume(const std::string& what, const std::string& root,
+                   const std::function<void(const std::string& dir)>& load_dir, Logger& log, ProcessGroup& group) {
   if (what == "auto") {
-    const std::optional<std::string> loaded = resume_newest_loadable(
-        root, load_dir, [&](const std::string& message) { log.warn0("--resume auto: {}", message); });
-    if (!loaded) log.info0("--resume auto: no complete checkpoint in {}; starting from step 0", root);
-    return loaded;
+    AutoResumed resumed = resume_auto(
+        root, load_dir, [&](const std::string& message) { log.warn0("--resume auto: {}", message); }, group);
+    if (!resumed.path) log.info0("--resume auto: no step directory in {}; starting from step 0", root);
+    return resumed;
   }
   // The checkpoint a user's path stands for (a root stands for the one `latest` names).
   const ResolvedDir resolved = resolve_checkpoint_dir(what);
@@ -276,7 +304,7 @@ std::optional<std::string> resume(const std::string& what, const std::string& ro
     log.info0("{}", resolved.note);
   }
   load_dir(resolved.path);
-  return resolved.path;
+  return {resolved.path, {}};
 }
 
 }  // namespace st::checkpoint

@@ -422,11 +422,24 @@ std::string incomplete_reason(const fs::path& dir, int64_t step) {
   const CompleteMarker marker = read_complete_marker(dir);
   if (!marker.problem.empty()) return marker.problem;
   if (marker.step != step) return format("COMPLETE marker is for step {}, not step {}", marker.step, step);
+  // Every missing file is named: a user restoring them needs the whole list.
+  std::vector<std::string> missing;
+  std::string first_error;
   for (const MarkerFile& f : marker.files) {
     std::error_code size_ec;
     const uintmax_t actual = fs::file_size(dir / f.name, size_ec);
-    if (size_ec) return format("{} is missing ({})", f.name, size_ec.message());
+    if (size_ec) {
+      missing.push_back(f.name);
+      if (first_error.empty()) first_error = size_ec.message();
+      continue;
+    }
     if (actual != f.size) return format("{} has {} bytes, COMPLETE lists {}", f.name, actual, f.size);
+  }
+  if (missing.size() == 1) return format("{} is missing ({})", missing[0], first_error);
+  if (!missing.empty()) {
+    std::string names;
+    for (const std::string& name : missing) names += (names.empty() ? "" : ", ") + name;
+    return format("{} files are missing: {}", missing.size(), names);
   }
   return {};
 }
