@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "checkpoint/commit.h"
 #include "checkpoint/fs.h"
@@ -111,6 +112,7 @@ void Saver::finish_in_flight() {
   std::vector<std::string> files;
   RetentionResult retention;
   std::optional<int64_t> latest_kept;
+  std::string moved_aside;
   try {
     files = f->staged->finish();
   } catch (const Error& e) {
@@ -130,8 +132,10 @@ void Saver::finish_in_flight() {
       write_file_synced(dir / x.name, x.text);
       files.push_back(x.name);
     }
+    moved_aside = keep_earlier_step(f->step);
     f->pending->commit(files);
     committed_.insert(f->step);
+    damaged_.erase(f->step);  // what was damaged at this step is now this run's own save
     latest_kept = f->pending->latest_kept();
     retention = apply_retention(options_.root, {options_.keep_last, resumed_from_, committed_, damaged_});
   });
@@ -142,7 +146,26 @@ void Saver::finish_in_flight() {
              options_.async ? f->blocking_s : secs);
   if (!retention.deleted.empty())
     log_.info0("checkpoint.keep_last {}: deleted {}", options_.keep_last, join(retention.deleted, ", "));
+  if (!moved_aside.empty())
+    log_.warn0(
+        "{} of an earlier run (newer than {}, where this run started) was moved to {}, not replaced: remove it "
+        "when it is not needed",
+        step_dir_name(f->step), step_dir_name(resumed_from_), moved_aside);
   warn_kept(retention.kept_damaged, latest_kept, f->step);
+}
+
+std::string Saver::keep_earlier_step(int64_t step) {
+  // A step newer than where the run started that the run did not write is
+  // another way back (a damaged checkpoint being repaired, or one `latest`
+  // did not name): moved aside, never overwritten.
+  const fs::path target = fs::path(options_.root) / step_dir_name(step);
+  std::error_code ec;
+  if (step <= resumed_from_ || committed_.contains(step) || !fs::exists(fs::symlink_status(target, ec))) return {};
+  fs::path aside = fs::path(options_.root) / format("replaced-{}-{}", step_dir_name(step), ::getpid());
+  for (int n = 2; fs::exists(fs::symlink_status(aside, ec)); ++n)
+    aside = fs::path(options_.root) / format("replaced-{}-{}-{}", step_dir_name(step), ::getpid(), n);
+  rename_path(target, aside);
+  return aside.string();
 }
 
 void Saver::warn_kept(const std::vector<std::string>& kept_damaged, std::optional<int64_t> latest_kept, int64_t step) {

@@ -171,6 +171,9 @@ class Saver {
   struct InFlight;
   void finish_in_flight();
   void warn_kept(const std::vector<std::string>& kept_damaged, std::optional<int64_t> latest_kept, int64_t step);
+  // Rank 0, before committing `step`: moves an existing step directory the run
+  // must not overwrite to root/replaced-step-NNNNNN-<pid>; returns where ("" when none).
+  std::string keep_earlier_step(int64_t step);
 
   RunOptions options_;
   ProcessGroup& group_;

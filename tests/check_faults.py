@@ -44,7 +44,8 @@ CHECK is one of:
               step-000020 and why, resumes from step-000010; keep_last 1 keeps the
               damaged step-000020 (warned once), deletes only this run's older steps,
               and `latest` stays at step-000020; the next run falls back to this run's
-              newest step with the warning.
+              newest step with the warning and, reaching step 20 again, moves the
+              damaged step-000020 to replaced-step-000020-<pid> instead of over it.
   resume-overwrite the damaged-only directory of resume-refused with --overwrite:
               the old steps are moved aside, training starts at step 1, exit 0.
   resume-ranks     2 ranks, one of which (ST_TEST_RESUME_VIEW_OF, a test hook) sees
@@ -491,10 +492,20 @@ def check_resume_fallback(trainer, ckpt_tool, tmp):
         fail(f"retention: expected step-000013 and the damaged step-000020, latest step-000020; got {steps}, "
              f"latest {latest_name(root)}")
     print(f"resume-fallback: warned and resumed from step-000010; kept {steps}, latest = step-000020")
-    proc = run(tiny_run(trainer, root, "--stop-after", "14", checkpoint__interval=1, checkpoint__keep_last=1))
+    # The next run falls back to step 13 again; reaching step 20 it moves the damaged one aside, never over it.
+    proc = run(tiny_run(trainer, root, "--stop-after", "21", checkpoint__interval=1, checkpoint__keep_last=1))
     expect(proc, 0, "--resume auto: latest names step-000020, which is incomplete", "using step-000013",
-           f"resumed from {os.path.join(root, 'step-000013')}", what="the next run")
-    print("resume-fallback: the next run fell back to step-000013 with the warning")
+           f"resumed from {os.path.join(root, 'step-000013')}",
+           "step-000020 of an earlier run (newer than step-000013, where this run started) was moved to "
+           f"{os.path.join(root, 'replaced-step-000020-')}", what="the next run")
+    entries = sorted(os.listdir(root))
+    aside = [n for n in entries if n.startswith("replaced-step-000020-")]
+    steps = [n for n in entries if n.startswith("step-")]
+    if (len(aside) != 1 or not os.path.exists(os.path.join(root, aside[0], "trainer_state.json")) or
+            steps != ["step-000021"] or latest_name(root) != "step-000021"):
+        fail(f"after reaching step 20 again: {entries}, latest {latest_name(root)}")
+    print(f"resume-fallback: the next run fell back to step-000013 with the warning, kept the damaged step 20 as "
+          f"{aside[0]}, ended with {steps}, latest = step-000021")
 
 
 def check_resume_overwrite(trainer, ckpt_tool, tmp):
