@@ -320,7 +320,7 @@ AutoResumed resume(const std::string& what, const std::string& root,
     return resumed;
   }
   // The checkpoint a user's path stands for (a root stands for the one `latest` names).
-  const ResolvedDir resolved = resolve_checkpoint_dir(what);
+  const ResolvedDir resolved = agree_checkpoint_dir(what, group);
   if (resolved.fell_back) {
     log.warn0("{}", resolved.note);
   } else if (!resolved.note.empty()) {

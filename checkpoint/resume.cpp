@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -205,6 +206,37 @@ ResumePlan agree_resume(const fs::path& root, ProcessGroup& group) {
   views.reserve(texts.size());
   for (const std::string& text : texts) views.push_back(view_from_json(text));
   return decide_resume(root, views);
+}
+
+ResolvedDir agree_checkpoint_dir(const std::string& path, ProcessGroup& group) {
+  ResolvedDir resolved;
+  const std::string error =
+      error_message_of([&] { resolved = resolve_checkpoint_dir(listed_root(path, group.rank()).string()); });
+  const std::string mine =
+      json{{"host", host_name()}, {"path", error.empty() ? resolved.path : ""}, {"error", error}}.dump();
+  const std::vector<std::string> texts =
+      group.size() == 1 ? std::vector<std::string>{mine} : all_gather_strings(group, mine);
+  // What a rank resolved (or why it could not), without where it runs.
+  auto outcome = [](const std::string& text) {
+    const json j = json::parse(text);
+    return std::pair{j.at("path").get<std::string>(), j.at("error").get<std::string>()};
+  };
+  const auto first = outcome(texts[0]);
+  if (std::all_of(texts.begin(), texts.end(), [&](const std::string& t) { return outcome(t) == first; })) {
+    if (!error.empty()) throw AgreedError(error, __FILE__, __LINE__);
+    return resolved;
+  }
+  std::string message = format("--resume {}: the ranks do not resolve it to the same checkpoint:", path);
+  for (size_t r = 0; r < texts.size(); ++r) {
+    const json j = json::parse(texts[r]);
+    const std::string what = j.at("error").get<std::string>().empty() ? j.at("path").get<std::string>()
+                                                                      : "fails: " + j.at("error").get<std::string>();
+    message += format("\n  rank {} on host {}: {}", r, j.at("host").get<std::string>(), what);
+  }
+  message +=
+      "\nEvery rank must see the same checkpoint: put it on a file system all hosts share, or name a step "
+      "directory that every host holds.";
+  throw AgreedError(message, __FILE__, __LINE__);
 }
 
 AutoResumed resume_auto(const fs::path& root, const std::function<void(const std::string& path)>& load,

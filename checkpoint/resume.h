@@ -67,6 +67,13 @@ std::string no_loadable_checkpoint_message(const std::filesystem::path& root, st
 /// name), gathered, and decide_resume on them; the same plan on every rank.
 ResumePlan agree_resume(const std::filesystem::path& root, ProcessGroup& group);
 
+/// --resume PATH, collective: resolve_checkpoint_dir(path) on every rank
+/// (the test hook of resume_view_hook_env applies here too); the ranks must
+/// resolve it to the same directory. Throws an AgreedError with the common
+/// error when every rank failed alike, or naming each rank, its host and what
+/// it resolved (or why it could not) when they differ.
+ResolvedDir agree_checkpoint_dir(const std::string& path, ProcessGroup& group);
+
 /// What resume_auto did.
 struct AutoResumed {
   std::optional<std::string> path;         // the checkpoint loaded; nullopt: a fresh start

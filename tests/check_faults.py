@@ -52,7 +52,8 @@ CHECK is one of:
               step-000010 incomplete, sees no step directory, or cannot list the
               directory; and rank 0 seeing none while rank 1 sees step-000010: each
               exits 1 (no hang) with one error naming the rank, its host and what it
-              sees; the directory is unchanged.
+              sees; the directory is unchanged. --resume ROOT that rank 1 resolves
+              differently: exit 1 naming what each rank resolved.
 Each check prints what it observed; a failure exits 1.
 """
 import json
@@ -556,6 +557,21 @@ def check_resume_ranks(trainer, ckpt_tool, tmp):
         if sorted(os.listdir(root)) != before or latest_name(root) != "step-000010":
             fail(f"{hook}: the directory changed: {sorted(os.listdir(root))}")
         print(f"resume-ranks: {hook.split(':')[0]} differs -> exit 1: {seen}")
+    # --resume ROOT: every rank resolves the root; here rank 1 finds no complete checkpoint in its copy.
+    env = dict(os.environ, ST_TEST_RESUME_VIEW_OF="1:" + other)
+    try:
+        proc = subprocess.run(mpirun(2) + ["-x", "ST_TEST_RESUME_VIEW_OF"] +
+                              tiny_run(trainer, root, "--stop-after", "12", "--resume", root),
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        fail("--resume ROOT: the job hung")
+    expect(proc, 1, f"--resume {root}: the ranks do not resolve it to the same checkpoint:",
+           f"rank 0 on host {host}: {os.path.join(root, 'step-000010')}",
+           f"rank 1 on host {host}: fails: {other} is a checkpoint root without a complete checkpoint",
+           what="--resume ROOT resolved differently")
+    if len(error_lines(proc)) != 1:
+        fail(f"--resume ROOT: one error line expected, got {error_lines(proc)}")
+    print("resume-ranks: --resume ROOT resolved differently by rank 1 -> exit 1 naming both ranks")
 
 
 
