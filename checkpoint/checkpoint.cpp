@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "checkpoint/commit.h"
 #include "checkpoint/fs.h"
@@ -108,7 +109,10 @@ void Saver::finish_in_flight() {
   if (!in_flight_) return;
   std::unique_ptr<InFlight> f = std::move(in_flight_);
   if (f->writer.joinable()) f->writer.join();
-  std::vector<std::string> files, deleted;
+  std::vector<std::string> files;
+  RetentionResult retention;
+  std::optional<int64_t> latest_kept;
+  std::string moved_aside;
   try {
     files = f->staged->finish();
   } catch (const Error& e) {
@@ -128,15 +132,62 @@ void Saver::finish_in_flight() {
       write_file_synced(dir / x.name, x.text);
       files.push_back(x.name);
     }
+    moved_aside = keep_earlier_step(f->step);
     f->pending->commit(files);
-    deleted = apply_retention(options_.root, options_.keep_last);
+    committed_.insert(f->step);
+    damaged_.erase(f->step);  // what was damaged at this step is now this run's own save
+    latest_kept = f->pending->latest_kept();
+    retention = apply_retention(options_.root, {options_.keep_last, resumed_from_, committed_, damaged_});
   });
   const double secs = since(f->start);
   log_.info0("saved checkpoint {}/{} ({}{}): {} in {:.3f} s ({:.3f} GB/s), training blocked {:.3f} s", options_.root,
              step_dir_name(f->step), layout_name(options_.save.layout), options_.async ? ", async" : "",
              human_bytes(f->total_bytes), secs, static_cast<double>(f->total_bytes) / secs / 1e9,
              options_.async ? f->blocking_s : secs);
-  if (!deleted.empty()) log_.info0("checkpoint.keep_last {}: deleted {}", options_.keep_last, join(deleted, ", "));
+  if (!retention.deleted.empty())
+    log_.info0("checkpoint.keep_last {}: deleted {}", options_.keep_last, join(retention.deleted, ", "));
+  if (!moved_aside.empty())
+    log_.warn0(
+        "{} of an earlier run (newer than {}, where this run started) was moved to {}, not replaced: remove it "
+        "when it is not needed",
+        step_dir_name(f->step), step_dir_name(resumed_from_), moved_aside);
+  warn_kept(retention.kept_damaged, latest_kept, f->step);
+}
+
+std::string Saver::keep_earlier_step(int64_t step) {
+  // A step newer than where the run started that the run did not write is
+  // another way back (a damaged checkpoint being repaired, or one `latest`
+  // did not name): moved aside, never overwritten.
+  const fs::path target = fs::path(options_.root) / step_dir_name(step);
+  std::error_code ec;
+  if (step <= resumed_from_ || committed_.contains(step) || !fs::exists(fs::symlink_status(target, ec))) return {};
+  fs::path aside = fs::path(options_.root) / format("replaced-{}-{}", step_dir_name(step), ::getpid());
+  for (int n = 2; fs::exists(fs::symlink_status(aside, ec)); ++n)
+    aside = fs::path(options_.root) / format("replaced-{}-{}-{}", step_dir_name(step), ::getpid(), n);
+  rename_path(target, aside);
+  return aside.string();
+}
+
+void Saver::warn_kept(const std::vector<std::string>& kept_damaged, std::optional<int64_t> latest_kept, int64_t step) {
+  // Once per run each: the same warning at every save would bury the log.
+  if (latest_kept && warned_.insert("latest").second)
+    log_.warn0(
+        "latest still names {}, newer than {} just saved: it does not move back while {} exists (repair it, or "
+        "remove it when it is not needed; --overwrite starts over)",
+        step_dir_name(*latest_kept), step_dir_name(step), step_dir_name(*latest_kept));
+  if (options_.keep_last <= 0) return;
+  for (const std::string& kept : kept_damaged) {
+    if (!warned_.insert(kept).second) continue;
+    log_.warn0(
+        "checkpoint.keep_last {}: kept {}, which does not load; it is not counted and never deleted by "
+        "retention: restore its files, or remove it once it is not needed",
+        options_.keep_last, kept);
+  }
+}
+
+void Saver::note_resume(int64_t step, std::map<int64_t, std::string> damaged) {
+  resumed_from_ = step;
+  damaged_ = std::move(damaged);
 }
 
 int Saver::poll(int value) {
@@ -260,23 +311,23 @@ Loaded load(std::span<StateEntry> entries, const std::string& dir, const LoadOpt
   return out;
 }
 
-std::optional<std::string> resume(const std::string& what, const std::string& root,
-                                  const std::function<void(const std::string& dir)>& load_dir, Logger& log) {
+AutoResumed resume(const std::string& what, const std::string& root,
+                   const std::function<void(const std::string& dir)>& load_dir, Logger& log, ProcessGroup& group) {
   if (what == "auto") {
-    const std::optional<std::string> loaded = resume_newest_loadable(
-        root, load_dir, [&](const std::string& message) { log.warn0("--resume auto: {}", message); });
-    if (!loaded) log.info0("--resume auto: no complete checkpoint in {}; starting from step 0", root);
-    return loaded;
+    AutoResumed resumed = resume_auto(
+        root, load_dir, [&](const std::string& message) { log.warn0("--resume auto: {}", message); }, group);
+    if (!resumed.path) log.info0("--resume auto: no step directory in {}; starting from step 0", root);
+    return resumed;
   }
   // The checkpoint a user's path stands for (a root stands for the one `latest` names).
-  const ResolvedDir resolved = resolve_checkpoint_dir(what);
+  const ResolvedDir resolved = agree_checkpoint_dir(what, group);
   if (resolved.fell_back) {
     log.warn0("{}", resolved.note);
   } else if (!resolved.note.empty()) {
     log.info0("{}", resolved.note);
   }
   load_dir(resolved.path);
-  return resolved.path;
+  return {resolved.path, {}};
 }
 
 }  // namespace st::checkpoint

@@ -12,13 +12,16 @@
 // with the bytes it reads (load.cpp).
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "checkpoint/index.h"
+#include "checkpoint/resume.h"
 #include "checkpoint/state.h"
 #include "core/comm.h"
 #include "core/log.h"
@@ -158,14 +161,29 @@ class Saver {
 
   const RunOptions& options() const { return options_; }
 
+  /// Where the run started (call before the first save): retention never
+  /// deletes a step newer than `step` that this run did not commit, nor one
+  /// in `damaged` (steps found incomplete or not loading, with why), which is
+  /// named in a warning instead.
+  void note_resume(int64_t step, std::map<int64_t, std::string> damaged);
+
  private:
   struct InFlight;
   void finish_in_flight();
+  void warn_kept(const std::vector<std::string>& kept_damaged, std::optional<int64_t> latest_kept, int64_t step);
+  // Rank 0, before committing `step`: moves an existing step directory the run
+  // must not overwrite to root/replaced-step-NNNNNN-<pid>; returns where ("" when none).
+  std::string keep_earlier_step(int64_t step);
 
   RunOptions options_;
   ProcessGroup& group_;
   Logger& log_;
   std::unique_ptr<InFlight> in_flight_;
+  // Rank 0: what retention must keep (RetentionRules), and what was already warned about.
+  int64_t resumed_from_ = 0;
+  std::map<int64_t, std::string> damaged_;
+  std::set<int64_t> committed_;
+  std::set<std::string> warned_;
 };
 
 /// How a checkpoint must fit the run that loads it. Judged on indexes,
@@ -203,14 +221,14 @@ struct Loaded {
 Loaded load(std::span<StateEntry> entries, const std::string& dir, const LoadOptions& options, const FitCheck& fit,
             ProcessGroup& group, Logger& log);
 
-/// Resolves what a user asked to resume from and calls `load` with it:
-/// "auto" -> the newest complete checkpoint under `root` that loads (a
-/// damaged one is reported through `log` and the next older one tried, each
-/// once; a Misfit ends it; see resume_newest_loadable); anything else is a
-/// checkpoint directory or a root (resolve_checkpoint_dir; the choice is
-/// logged), which must load. Returns the directory loaded, or nullopt when
-/// "auto" finds no complete checkpoint.
-std::optional<std::string> resume(const std::string& what, const std::string& root,
-                                  const std::function<void(const std::string& dir)>& load, Logger& log);
+/// Resolves what a user asked to resume from and calls `load` with it
+/// (collective over `group`): "auto" -> resume_auto (resume.h): one decision
+/// for the job; a fresh start only when `root` holds no step directory; step
+/// directories of which none loads are an error; skipped ones are warned
+/// about. Anything else is a checkpoint directory or a root
+/// (resolve_checkpoint_dir; the choice is logged), which must load. Returns
+/// the directory loaded (nullopt: a fresh start) and the damaged steps seen.
+AutoResumed resume(const std::string& what, const std::string& root,
+                   const std::function<void(const std::string& dir)>& load, Logger& log, ProcessGroup& group);
 
 }  // namespace st::checkpoint

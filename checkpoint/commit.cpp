@@ -125,6 +125,17 @@ void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
   if (!old_copy.empty()) remove_tree(old_copy);
   stage("old_step_removed");
 
+  // `latest` never moves back past a step that is still there: that one may be
+  // a damaged checkpoint the user means to repair (only --overwrite starts over).
+  if (const std::optional<int64_t> current = latest_step(root_); current && *current > step_) {
+    std::error_code exists_ec;
+    if (fs::exists(fs::symlink_status(root_ / step_dir_name(*current), exists_ec))) {
+      latest_kept_ = *current;
+      for (std::string_view name : {"latest_tmp_written", "latest_tmp_synced", "latest_renamed", "committed"})
+        stage(name);
+      return;
+    }
+  }
   fs::path latest_tmp = root_ / latest_tmp_name;
   write_file_synced(latest_tmp, step_dir_name(step_) + "\n", [&] { stage("latest_tmp_written"); });
   stage("latest_tmp_synced");
@@ -139,42 +150,44 @@ void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
   stage("committed");
 }
 
-std::vector<int64_t> complete_steps(const fs::path& root) {
-  std::vector<int64_t> steps;
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return steps;
-  fs::directory_iterator it(root, ec);
-  ST_CHECK(!ec, "cannot list checkpoint directory {}: {}", root.string(), ec.message());
-  for (const fs::directory_entry& entry : it) {
-    auto step = parse_step_dir_name(entry.path().filename().string());
-    if (step && incomplete_reason(entry.path(), *step).empty()) steps.push_back(*step);
+RootView view_root(const fs::path& root, std::string host) {
+  RootView view;
+  view.host = std::move(host);
+  std::string problem;
+  if (auto text = read_small_file(root / latest_file_name, &problem)) {
+    view.latest = parse_step_dir_name(trim_space(*text));
+    if (!view.latest)
+      view.latest_problem =
+          format("{} holds '{}', not a step-NNNNNN name", (root / latest_file_name).string(), trim_space(*text));
+  } else {
+    view.latest_problem = problem;
   }
-  std::sort(steps.begin(), steps.end());
-  return steps;
+  view.error = error_message_of([&] {
+    std::error_code ec;
+    const bool is_dir = fs::is_directory(root, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      ST_FAIL("cannot open checkpoint directory {}: {}", root.string(), ec.message());
+    if (!is_dir) return;
+    fs::directory_iterator it(root, ec);
+    ST_CHECK(!ec, "cannot list checkpoint directory {}: {}", root.string(), ec.message());
+    for (; it != fs::directory_iterator(); it.increment(ec)) {
+      if (auto step = parse_step_dir_name(it->path().filename().string()))
+        view.steps.push_back({*step, incomplete_reason(it->path(), *step)});
+    }
+    ST_CHECK(!ec, "cannot list checkpoint directory {}: {}", root.string(), ec.message());
+  });
+  if (!view.error.empty()) view.steps.clear();
+  std::sort(view.steps.begin(), view.steps.end(), [](const StepView& a, const StepView& b) { return a.step < b.step; });
+  return view;
 }
 
-std::optional<std::string> resume_newest_loadable(const fs::path& root,
-                                                  const std::function<void(const std::string& path)>& load,
-                                                  const std::function<void(const std::string& message)>& warn) {
-  const std::optional<ResumeChoice> choice = choose_resume(root);
-  if (!choice) return std::nullopt;
-  if (!choice->note.empty()) warn(choice->note);
-  const std::vector<int64_t> steps = complete_steps(root);
-  std::string path = choice->path;
-  for (auto it = steps.rbegin();; ++it) {
-    if (it != steps.rend() && *it >= choice->step) continue;
-    try {
-      load(path);
-      return path;
-    } catch (const Misfit&) {
-      throw;
-    } catch (const Error& e) {
-      if (it == steps.rend()) throw;
-      const std::string next = (root / step_dir_name(*it)).string();
-      warn(format("{} does not load ({}); falling back to {}", path, e.message(), next));
-      path = next;
-    }
-  }
+std::vector<int64_t> complete_steps(const fs::path& root) {
+  const RootView view = view_root(root);
+  ST_CHECK(view.error.empty(), "{}", view.error);
+  std::vector<int64_t> steps;
+  for (const StepView& s : view.steps)
+    if (s.problem.empty()) steps.push_back(s.step);
+  return steps;
 }
 
 ResolvedDir resolve_checkpoint_dir(const std::string& path) {
@@ -200,34 +213,42 @@ ResolvedDir resolve_checkpoint_dir(const std::string& path) {
 }
 
 std::optional<ResumeChoice> choose_resume(const fs::path& root) {
-  std::string problem;
-  auto text = read_small_file(root / latest_file_name, &problem);
-  if (!text) {
-    // `problem` says why: missing, a directory, a FIFO, a symlink loop, unreadable.
-  } else if (auto step = parse_step_dir_name(trim_space(*text)); !step) {
-    problem = format("{} holds '{}', not a step-NNNNNN name", (root / latest_file_name).string(), trim_space(*text));
-  } else {
-    fs::path dir = root / step_dir_name(*step);
-    std::string reason = incomplete_reason(dir, *step);
-    if (reason.empty()) return ResumeChoice{dir.string(), *step, {}};
-    if (reason == "directory does not exist")
-      problem = format("latest names {}, which does not exist", step_dir_name(*step));
-    else
-      problem = format("latest names {}, which is incomplete ({})", step_dir_name(*step), reason);
-  }
-  std::vector<int64_t> steps = complete_steps(root);
-  if (steps.empty()) return std::nullopt;
-  int64_t step = steps.back();
-  return ResumeChoice{(root / step_dir_name(step)).string(), step,
-                      format("{}; using {}", problem, step_dir_name(step))};
+  const RootView view = view_root(root);
+  ST_CHECK(view.error.empty(), "{}", view.error);
+  return choose_resume(root, view);
 }
 
-std::vector<std::string> apply_retention(const fs::path& root, int64_t keep_last) {
-  std::vector<std::string> deleted;
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return deleted;
-  std::string own_suffix = format("-{}", ::getpid());
+std::optional<ResumeChoice> choose_resume(const fs::path& root, const RootView& view) {
+  auto seen = [&](int64_t step) -> const StepView* {
+    for (const StepView& s : view.steps)
+      if (s.step == step) return &s;
+    return nullptr;
+  };
+  std::string problem = view.latest_problem;
+  if (view.latest) {
+    const StepView* named = seen(*view.latest);
+    if (named && named->problem.empty())
+      return ResumeChoice{(root / step_dir_name(*view.latest)).string(), *view.latest, {}};
+    if (!named)
+      problem = format("latest names {}, which does not exist", step_dir_name(*view.latest));
+    else
+      problem = format("latest names {}, which is incomplete ({})", step_dir_name(*view.latest), named->problem);
+  }
+  for (auto it = view.steps.rbegin(); it != view.steps.rend(); ++it) {
+    if (!it->problem.empty()) continue;
+    return ResumeChoice{(root / step_dir_name(it->step)).string(), it->step,
+                        format("{}; using {}", problem, step_dir_name(it->step))};
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// Removes every root/.tmp-* directory that is not this process's.
+void remove_debris(const fs::path& root) {
+  const std::string own_suffix = format("-{}", ::getpid());
   std::vector<fs::path> debris;
+  std::error_code ec;
   fs::directory_iterator it(root, ec);
   ST_CHECK(!ec, "cannot list checkpoint directory {}: {}", root.string(), ec.message());
   for (const fs::directory_entry& entry : it) {
@@ -235,24 +256,50 @@ std::vector<std::string> apply_retention(const fs::path& root, int64_t keep_last
     if (name.starts_with(tmp_prefix) && !name.ends_with(own_suffix)) debris.push_back(entry.path());
   }
   for (const fs::path& path : debris) remove_tree(path);
+}
 
-  if (keep_last <= 0) return deleted;
-  std::vector<int64_t> steps = complete_steps(root);
-  if (steps.size() <= static_cast<size_t>(keep_last)) return deleted;
-  std::optional<int64_t> pinned = latest_step(root);
-  steps.resize(steps.size() - static_cast<size_t>(keep_last));  // the ones beyond the newest keep_last
-  for (int64_t step : steps) {
-    if (pinned && *pinned == step) continue;
-    // Renamed out of the step-* namespace first, so that a crash mid-delete
-    // leaves .tmp debris rather than a half-deleted step directory.
-    fs::path dir = root / step_dir_name(step);
-    fs::path doomed = root / format("{}retired-{}-{}", tmp_prefix, step_dir_name(step), ::getpid());
-    remove_tree(doomed);
-    rename_path(dir, doomed);
-    remove_tree(doomed);
-    deleted.push_back(step_dir_name(step));
+// Renamed out of the step-* namespace first, so that a crash mid-delete
+// leaves .tmp debris rather than a half-deleted step directory.
+void delete_step(const fs::path& root, int64_t step) {
+  fs::path doomed = root / format("{}retired-{}-{}", tmp_prefix, step_dir_name(step), ::getpid());
+  remove_tree(doomed);
+  rename_path(root / step_dir_name(step), doomed);
+  remove_tree(doomed);
+}
+
+}  // namespace
+
+RetentionResult apply_retention(const fs::path& root, const RetentionRules& rules) {
+  RetentionResult result;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return result;
+  remove_debris(root);
+  const RootView view = view_root(root);
+  ST_CHECK(view.error.empty(), "{}", view.error);
+  std::vector<int64_t> complete;  // newest first
+  for (auto it = view.steps.rbegin(); it != view.steps.rend(); ++it) {
+    const auto damaged = rules.damaged.find(it->step);
+    if (!it->problem.empty() || damaged != rules.damaged.end()) {
+      result.kept_damaged.push_back(
+          format("{} ({})", step_dir_name(it->step), it->problem.empty() ? damaged->second : it->problem));
+      continue;
+    }
+    complete.push_back(it->step);
   }
-  return deleted;
+  std::reverse(result.kept_damaged.begin(), result.kept_damaged.end());
+  if (rules.keep_last <= 0 || rules.committed.empty() || complete.size() <= static_cast<size_t>(rules.keep_last))
+    return result;
+  const int64_t newest_committed = *rules.committed.rbegin();
+  std::vector<int64_t> doomed(complete.begin() + rules.keep_last, complete.end());
+  std::sort(doomed.begin(), doomed.end());
+  for (int64_t step : doomed) {
+    if (step >= newest_committed) continue;  // nothing newer of ours is committed yet
+    if (step > rules.resumed_from && !rules.committed.contains(step)) continue;  // newer than where we started
+    if (view.latest && *view.latest == step) continue;
+    delete_step(root, step);
+    result.deleted.push_back(step_dir_name(step));
+  }
+  return result;
 }
 
 }  // namespace st::checkpoint

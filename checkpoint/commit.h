@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -73,8 +75,13 @@ class PendingCheckpoint {
   /// renameat2(RENAME_EXCHANGE) where the filesystem supports it; otherwise the
   /// old one is moved aside first, and a crash between the two renames leaves
   /// no step-NNNNNN, so choose_resume() falls back to the previous checkpoint.
+  /// `latest` never moves to a lower step: when it names a newer step whose
+  /// directory exists (a damaged checkpoint the run fell back past), it stays
+  /// and latest_kept() says which.
   /// Throws st::Error naming the path on I/O failure or a second call.
   void commit(const std::vector<std::string>& files_written);
+  /// The newer step `latest` still names because commit() did not move it back; nullopt when it moved.
+  std::optional<int64_t> latest_kept() const noexcept { return latest_kept_; }
 
  private:
   void stage(std::string_view name) const;
@@ -84,11 +91,34 @@ class PendingCheckpoint {
   int64_t step_ = 0;
   CommitHook hook_;
   bool committed_ = false;
+  std::optional<int64_t> latest_kept_;
 };
 
 /// Steps of the complete checkpoints (see incomplete_reason) among root's
 /// step-NNNNNN directories, ascending. Empty when root does not exist.
 std::vector<int64_t> complete_steps(const std::filesystem::path& root);
+
+/// One step-NNNNNN directory as one process sees it.
+struct StepView {
+  int64_t step = 0;
+  std::string problem;  // why it is not a complete checkpoint (incomplete_reason); empty when it is
+  bool operator==(const StepView&) const = default;
+};
+
+/// What one process sees in a checkpoint root: the input of every resume decision.
+struct RootView {
+  std::string host;               // where the process runs (for messages)
+  std::string error;              // the root exists but could not be listed; then `steps` is empty
+  std::vector<StepView> steps;    // every step-NNNNNN directory, ascending
+  std::optional<int64_t> latest;  // the step `latest` names, when it holds a step name
+  std::string latest_problem;     // otherwise why not (missing, not a regular file, not a step name)
+  bool operator==(const RootView&) const = default;
+};
+
+/// Lists `root` (a root that does not exist holds nothing). Never throws: a
+/// failure to list is the view's `error`, so a process that cannot read the
+/// root still takes part in an agreement on it.
+RootView view_root(const std::filesystem::path& root, std::string host = {});
 
 /// The checkpoint to resume from.
 struct ResumeChoice {
@@ -104,6 +134,8 @@ struct ResumeChoice {
 /// (missing COMPLETE marker); using step-000200". nullopt when root holds no
 /// complete checkpoint.
 std::optional<ResumeChoice> choose_resume(const std::filesystem::path& root);
+/// The same choice from a view of `root` (pure; the view's `error` is ignored).
+std::optional<ResumeChoice> choose_resume(const std::filesystem::path& root, const RootView& view);
 
 /// A checkpoint that does not fit the run loading it (another model shape, a
 /// finished run). Unlike a damaged one it is never a reason to fall back to an
@@ -114,15 +146,6 @@ class Misfit : public AgreedError {
  public:
   using AgreedError::AgreedError;
 };
-
-/// --resume auto: calls `load` with the checkpoint choose_resume(root) picks;
-/// when that throws for a data reason (a checksum, a damaged file, non-finite
-/// values) `warn` hears why and the next older complete checkpoint is tried,
-/// each once; a Misfit, or a failure of the oldest, propagates. Returns the
-/// path that loaded, or nullopt when root holds no complete checkpoint.
-std::optional<std::string> resume_newest_loadable(const std::filesystem::path& root,
-                                                  const std::function<void(const std::string& path)>& load,
-                                                  const std::function<void(const std::string& message)>& warn);
 
 /// The checkpoint directory a path given by a user stands for.
 struct ResolvedDir {
@@ -137,13 +160,29 @@ struct ResolvedDir {
 /// tool both resolve paths through this.
 ResolvedDir resolve_checkpoint_dir(const std::string& path);
 
-/// Deletes the oldest complete checkpoints beyond the newest `keep_last`
-/// (keep_last <= 0 keeps all), never the one `latest` names, and never an
-/// incomplete step-NNNNNN directory (it is not ours to judge). Also removes
-/// every root/.tmp-* directory whose name does not end in this process's pid:
-/// those are debris of killed saves, since only one process commits into a
-/// root at a time. Call it after commit(), from the committing process.
-/// Returns the names of the checkpoints it deleted (debris is not listed).
-std::vector<std::string> apply_retention(const std::filesystem::path& root, int64_t keep_last);
+/// What retention may delete. The way back is never deleted: a step is a
+/// candidate only when it is complete, not known to be damaged, older than
+/// the newest step this run committed, not newer than the step the run
+/// resumed from (unless this run committed it), and not the one `latest` names.
+struct RetentionRules {
+  int64_t keep_last = 0;                   // keep the newest N complete checkpoints; <= 0 keeps all
+  int64_t resumed_from = 0;                // the step this run started from (0: a fresh start)
+  std::set<int64_t> committed;             // steps this run committed; nothing is deleted before the first
+  std::map<int64_t, std::string> damaged;  // steps found not to load (with why): kept, never counted
+};
+
+/// What apply_retention did.
+struct RetentionResult {
+  std::vector<std::string> deleted;       // names of the checkpoints deleted
+  std::vector<std::string> kept_damaged;  // "step-NNNNNN (why it does not load)" for each damaged step kept
+};
+
+/// Deletes the complete checkpoints beyond the newest `keep_last` that
+/// `rules` allow; incomplete or damaged step directories are kept (they are
+/// the user's to judge) and listed. Also removes every root/.tmp-* directory
+/// whose name does not end in this process's pid: those are debris of killed
+/// saves, since only one process commits into a root at a time. Call it after
+/// commit(), from the committing process.
+RetentionResult apply_retention(const std::filesystem::path& root, const RetentionRules& rules);
 
 }  // namespace st::checkpoint

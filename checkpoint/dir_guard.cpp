@@ -28,12 +28,6 @@ namespace {
 constexpr long kProcMagic = 0x9fa0;
 constexpr long kSysfsMagic = 0x62656572;
 
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
-}
-
 // Why `root` cannot be created: names the ancestor that is not a directory when there is one.
 std::string creation_problem(const fs::path& root, const std::error_code& ec) {
   for (fs::path p = root.parent_path(); !p.empty(); p = p.parent_path()) {

@@ -433,8 +433,24 @@ std::string incomplete_reason(const fs::path& dir, int64_t step) {
   const CompleteMarker marker = read_complete_marker(dir);
   if (!marker.problem.empty()) return marker.problem;
   if (marker.step != step) return format("COMPLETE marker is for step {}, not step {}", marker.step, step);
+  // Every missing file is named: a user restoring them needs the whole list.
+  std::vector<std::string> missing;
+  std::string first_error;
   for (const MarkerFile& f : marker.files) {
+    std::error_code size_ec;
+    if (is_plain_file_name(f.name)) (void)fs::file_size(dir / f.name, size_ec);
+    if (size_ec) {
+      missing.push_back(f.name);
+      if (first_error.empty()) first_error = size_ec.message();
+      continue;
+    }
     if (std::string problem = marker_file_problem(dir, f); !problem.empty()) return problem;
+  }
+  if (missing.size() == 1) return format("{} is missing ({})", missing[0], first_error);
+  if (!missing.empty()) {
+    std::string names;
+    for (const std::string& name : missing) names += (names.empty() ? "" : ", ") + name;
+    return format("{} files are missing: {}", missing.size(), names);
   }
   return {};
 }

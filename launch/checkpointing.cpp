@@ -154,10 +154,15 @@ std::optional<ResumePoint> Checkpointer::load(const std::string& resume) {
   std::optional<ResumePoint> point;
   auto load_dir = [&](bool init) { return [&, init](const std::string& dir) { point = load_from(dir, init); }; };
   if (resume == "auto" || (!resume.empty() && resume != "never")) {
-    if (checkpoint::resume(resume, c.dir, load_dir(false), log_)) return point;
+    checkpoint::AutoResumed resumed = checkpoint::resume(resume, c.dir, load_dir(false), log_, world_);
+    if (resumed.path) {
+      // Retention keeps the way back: nothing newer than this step, nothing damaged.
+      if (saver_) saver_->note_resume(point->step, std::move(resumed.damaged));
+      return point;
+    }
   }
   if (c.init_from.empty()) return std::nullopt;
-  checkpoint::resume(c.init_from, "", load_dir(true), log_);
+  checkpoint::resume(c.init_from, "", load_dir(true), log_, world_);
   return point;
 }
 

@@ -83,12 +83,13 @@ class Checkpointer {
   /// Waits for a save in flight and commits it (call before exiting).
   void wait();
 
-  /// `resume`: "never" -> nullopt; "auto" -> the newest complete checkpoint
-  /// under checkpoint.dir (a broken `latest`, or a checkpoint that fails to
-  /// load for a data reason: checksum, shape, non-finite values, a damaged
-  /// file or trainer_state.json, is reported and the next older complete one
-  /// tried, each at most once), or nullopt when there is none; anything else
-  /// is a checkpoint directory that must load. Fills master weights and
+  /// `resume`: "never" -> nullopt; "auto" -> the checkpoint every rank agrees
+  /// on under checkpoint.dir (checkpoint/resume.h: a broken `latest`, or a
+  /// checkpoint that fails to load for a data reason: checksum, shape,
+  /// non-finite values, a damaged file or trainer_state.json, is reported and
+  /// the next older complete one tried, each at most once), nullopt only when
+  /// checkpoint.dir holds no step directory, an error when it holds some but
+  /// none loads; anything else is a checkpoint directory that must load. Fills master weights and
   /// optimizer state in place. When nothing is resumed and
   /// checkpoint.init_from is set, loads only the weights from there (a Hugging
   /// Face directory or a checkpoint) and keeps the fresh optimizer; that

@@ -35,6 +35,25 @@ CHECK is one of:
               value; --config that is a directory, empty, only comments, a list or a
               scalar fails with one line; `latest` that is a FIFO, a directory or a
               symlink loop is reported and resume falls back, without hanging.
+  resume-refused   the issue's reproduction: llama-tiny saved at steps 10 and 20
+              with keep_last 1, then step-000020's master_weights-* removed: the rerun
+              (interval 1, keep_last 1) exits 1 before step 1 with one error naming
+              step-000020, the missing file and the ways on (restore, --resume PATH,
+              --overwrite); step-000020 is still there and `latest` unchanged.
+  resume-fallback  step-000010 good, step-000020 damaged: --resume auto warns naming
+              step-000020 and why, resumes from step-000010; keep_last 1 keeps the
+              damaged step-000020 (warned once), deletes only this run's older steps,
+              and `latest` stays at step-000020; the next run falls back to this run's
+              newest step with the warning and, reaching step 20 again, moves the
+              damaged step-000020 to replaced-step-000020-<pid> instead of over it.
+  resume-overwrite the damaged-only directory of resume-refused with --overwrite:
+              the old steps are moved aside, training starts at step 1, exit 0.
+  resume-ranks     2 ranks, one of which (ST_TEST_RESUME_VIEW_OF, a test hook) sees
+              step-000010 incomplete, sees no step directory, or cannot list the
+              directory; and rank 0 seeing none while rank 1 sees step-000010: each
+              exits 1 (no hang) with one error naming the rank, its host and what it
+              sees; the directory is unchanged. --resume ROOT that rank 1 resolves
+              differently: exit 1 naming what each rank resolved.
   metrics     logging.metrics_file that cannot be written (/dev/full, and a file on a
               full private tmpfs that fills up mid-run): one WARNING naming the file
               and the reason, training goes on, exit 0, every checkpoint is saved,
@@ -47,6 +66,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import signal
 import struct
 import subprocess
@@ -492,11 +512,156 @@ def check_metrics(trainer, ckpt_tool, tmp):
         fail(f"metrics with a half line: steps {steps} after the resume")
     print(f"metrics: a half line of {len(half)} bytes was cut; after the resume the file reads steps {steps}")
 
+def damage_step(step_dir):
+    """Removes the master_weights-* files of a checkpoint (an interrupted copy); returns the phrase naming them."""
+    removed = sorted(n for n in os.listdir(step_dir) if n.startswith("master_weights-"))
+    if not removed:
+        fail(f"{step_dir} holds no master_weights-* file to remove")
+    for name in removed:
+        os.remove(os.path.join(step_dir, name))
+    return f"{removed[0]} is missing" if len(removed) == 1 else f"{len(removed)} files are missing: " + ", ".join(removed)
+
+
+def tiny_run(trainer, root, *args, **kv):
+    return [trainer, "--config", TINY, "--steps", "30"] + list(args) + sets(checkpoint__dir=root, **kv)
+
+
+def error_lines(proc):
+    return [ln for ln in (proc.stdout + proc.stderr).splitlines() if "error:" in ln]
+
+
+def damaged_only_root(trainer, tmp, name):
+    """The issue's setup: steps 10 and 20 with keep_last 1 (so only step-000020 stays), step 20 damaged."""
+    root = os.path.join(tmp, name)
+    run(tiny_run(trainer, root, "--stop-after", "20", checkpoint__interval=10, checkpoint__keep_last=1))
+    if sorted(n for n in os.listdir(root) if n.startswith("step-")) != ["step-000020"]:
+        fail(f"setup: expected only step-000020 in {root}: {sorted(os.listdir(root))}")
+    return root, damage_step(os.path.join(root, "step-000020"))
+
+
+def check_resume_refused(trainer, ckpt_tool, tmp):
+    root, missing = damaged_only_root(trainer, tmp, "D")
+    before = sorted(os.listdir(root))
+    metrics = os.path.join(tmp, "refused.jsonl")
+    proc = run(tiny_run(trainer, root, "--stop-after", "22", checkpoint__interval=1, checkpoint__keep_last=1,
+                        logging__metrics_file=metrics), expect_ok=False)
+    out = expect(proc, 1, f"--resume auto: {root} holds step directories, but none is a complete checkpoint that loads:",
+                 f"\n  step-000020: {missing}", "restore the missing or damaged files",
+                 "--resume PATH", "--overwrite", what="damaged newest, nothing older")
+    if "starting from step 0" in out or (os.path.exists(metrics) and loss_by_step(metrics)):
+        fail("the refused run started training")
+    if len(error_lines(proc)) != 1:
+        fail(f"one error line expected, got {error_lines(proc)}")
+    if sorted(os.listdir(root)) != before or latest_name(root) != "step-000020":
+        fail(f"the directory changed: {sorted(os.listdir(root))}, latest {latest_name(root)}")
+    print(f"resume-refused: exit 1: {error_lines(proc)[0][:120]}... ; step-000020 kept, latest = step-000020")
+
+
+def check_resume_fallback(trainer, ckpt_tool, tmp):
+    root = os.path.join(tmp, "fb")
+    run(tiny_run(trainer, root, "--stop-after", "20", checkpoint__interval=10))
+    missing = damage_step(os.path.join(root, "step-000020"))
+    ten = os.path.join(root, "step-000010")
+    proc = run(tiny_run(trainer, root, "--stop-after", "13", checkpoint__interval=1, checkpoint__keep_last=1))
+    out = expect(proc, 0, f"--resume auto: latest names step-000020, which is incomplete ({missing}",
+                 "using step-000010", f"resumed from {ten}",
+                 f"checkpoint.keep_last 1: kept step-000020 ({missing}", "latest still names step-000020",
+                 what="fallback past a damaged step")
+    if out.count("checkpoint.keep_last 1: kept step-000020") != 1:
+        fail("the kept damaged step should be warned about once per run")
+    steps = sorted(n for n in os.listdir(root) if n.startswith("step-"))
+    if steps != ["step-000013", "step-000020"] or latest_name(root) != "step-000020":
+        fail(f"retention: expected step-000013 and the damaged step-000020, latest step-000020; got {steps}, "
+             f"latest {latest_name(root)}")
+    print(f"resume-fallback: warned and resumed from step-000010; kept {steps}, latest = step-000020")
+    # The next run falls back to step 13 again; reaching step 20 it moves the damaged one aside, never over it.
+    proc = run(tiny_run(trainer, root, "--stop-after", "21", checkpoint__interval=1, checkpoint__keep_last=1))
+    expect(proc, 0, "--resume auto: latest names step-000020, which is incomplete", "using step-000013",
+           f"resumed from {os.path.join(root, 'step-000013')}",
+           "step-000020 of an earlier run (newer than step-000013, where this run started) was moved to "
+           f"{os.path.join(root, 'replaced-step-000020-')}", what="the next run")
+    entries = sorted(os.listdir(root))
+    aside = [n for n in entries if n.startswith("replaced-step-000020-")]
+    steps = [n for n in entries if n.startswith("step-")]
+    if (len(aside) != 1 or not os.path.exists(os.path.join(root, aside[0], "trainer_state.json")) or
+            steps != ["step-000021"] or latest_name(root) != "step-000021"):
+        fail(f"after reaching step 20 again: {entries}, latest {latest_name(root)}")
+    print(f"resume-fallback: the next run fell back to step-000013 with the warning, kept the damaged step 20 as "
+          f"{aside[0]}, ended with {steps}, latest = step-000021")
+
+
+def check_resume_overwrite(trainer, ckpt_tool, tmp):
+    root, _ = damaged_only_root(trainer, tmp, "ow")
+    proc = run(tiny_run(trainer, root, "--stop-after", "2", "--overwrite", checkpoint__interval=1))
+    expect(proc, 0, "--overwrite: moved 1 checkpoint(s)", "done: steps 1..2", what="--overwrite")
+    aside = [n for n in os.listdir(root) if n.startswith("overwritten-")]
+    if len(aside) != 1 or not os.path.isdir(os.path.join(root, aside[0], "step-000020")):
+        fail(f"the damaged step should have been moved aside: {sorted(os.listdir(root))}")
+    print(f"resume-overwrite: exit 0, trained 1..2, step-000020 moved to {aside[0]}/")
+
+
+def check_resume_ranks(trainer, ckpt_tool, tmp):
+    root = os.path.join(tmp, "ranks")
+    run(mpirun(2) + tiny_run(trainer, root, "--stop-after", "10", checkpoint__interval=10))
+    other = os.path.join(tmp, "rank-view")  # what a rank on another host might see: a copy lacking a file
+    shutil.copytree(root, other)
+    missing = damage_step(os.path.join(other, "step-000010"))
+    empty = os.path.join(tmp, "empty")
+    os.makedirs(empty)
+    a_file = os.path.join(tmp, "a-file")
+    with open(a_file, "w") as f:
+        f.write("x")
+    host = socket.gethostname()
+    before = sorted(os.listdir(root))
+    cases = [
+        ("1:" + other, "rank 0 on host {h} would resume step-000010",
+         f"rank 1 on host {host} sees: step-000010 (incomplete: {missing}"),
+        ("1:" + empty, "rank 0 on host {h} would resume step-000010", f"rank 1 on host {host} sees: no step directory"),
+        ("1:" + os.path.join(a_file, "sub"), "rank 0 on host {h} would resume step-000010",
+         f"rank 1 on host {host} sees: cannot open checkpoint directory {os.path.join(a_file, 'sub')}: Not a directory"),
+        ("0:" + empty, "rank 0 on host {h} sees no step directory (it would start from step 0)",
+         f"rank 1 on host {host} sees: step-000010 (complete)"),
+    ]
+    for hook, lead, seen in cases:
+        env = dict(os.environ, ST_TEST_RESUME_VIEW_OF=hook)
+        try:
+            proc = subprocess.run(mpirun(2) + ["-x", "ST_TEST_RESUME_VIEW_OF"] +
+                                  tiny_run(trainer, root, "--stop-after", "12", checkpoint__interval=1),
+                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            fail(f"{hook}: the job hung")
+        expect(proc, 1, f"--resume auto: the ranks do not see the same checkpoints in {root}",
+               lead.format(h=host), seen, what=f"views differ ({hook})")
+        errors = error_lines(proc)
+        if len(errors) != 1:
+            fail(f"{hook}: one error line expected, got {errors}")
+        if sorted(os.listdir(root)) != before or latest_name(root) != "step-000010":
+            fail(f"{hook}: the directory changed: {sorted(os.listdir(root))}")
+        print(f"resume-ranks: {hook.split(':')[0]} differs -> exit 1: {seen}")
+    # --resume ROOT: every rank resolves the root; here rank 1 finds no complete checkpoint in its copy.
+    env = dict(os.environ, ST_TEST_RESUME_VIEW_OF="1:" + other)
+    try:
+        proc = subprocess.run(mpirun(2) + ["-x", "ST_TEST_RESUME_VIEW_OF"] +
+                              tiny_run(trainer, root, "--stop-after", "12", "--resume", root),
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        fail("--resume ROOT: the job hung")
+    expect(proc, 1, f"--resume {root}: the ranks do not resolve it to the same checkpoint:",
+           f"rank 0 on host {host}: {os.path.join(root, 'step-000010')}",
+           f"rank 1 on host {host}: fails: {other} is a checkpoint root without a complete checkpoint",
+           what="--resume ROOT resolved differently")
+    if len(error_lines(proc)) != 1:
+        fail(f"--resume ROOT: one error line expected, got {error_lines(proc)}")
+    print("resume-ranks: --resume ROOT resolved differently by rank 1 -> exit 1 naming both ranks")
+
+
 
 def main():
     trainer, ckpt_tool, check = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), sys.argv[3]
     checks = {"nonfinite": check_nonfinite, "ckpt-dir": check_ckpt_dir, "lock": check_lock, "strict": check_strict,
-              "inputs": check_inputs, "metrics": check_metrics}
+              "inputs": check_inputs, "resume-refused": check_resume_refused, "resume-fallback": check_resume_fallback,
+              "resume-overwrite": check_resume_overwrite, "resume-ranks": check_resume_ranks,
+              "metrics": check_metrics}
     with tempfile.TemporaryDirectory() as tmp:
         checks[check](trainer, ckpt_tool, tmp)
 

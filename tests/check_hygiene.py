@@ -53,7 +53,7 @@ def check_overwrite(trainer, tmp):
     root = os.path.join(tmp, "run")
     cmd = mpirun(2) + [trainer, "--config", TINY, "--steps", "20"] + sets(checkpoint__dir=root)
     first = run(cmd)
-    expect(first, 0, f"--resume auto: no complete checkpoint in {root}; starting from step 0", what="fresh start")
+    expect(first, 0, f"--resume auto: no step directory in {root}; starting from step 0", what="fresh start")
     fresh_lines = [ln for ln in first.stderr.splitlines() if "starting from step 0" in ln]
     if len(fresh_lines) != 1:
         fail(f"the fresh start should be said in one line, got {fresh_lines}")

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <set>
 #include <span>
 #include <sstream>
 #include <string>
@@ -22,6 +24,7 @@
 #include "checkpoint/checksum.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/fs.h"
+#include "checkpoint/resume.h"
 #include "checkpoint/state.h"
 #include "core/error.h"
 #include "tests/test_util.h"
@@ -477,19 +480,133 @@ TEST(TrainerStateFile, ReadsTheFilesOfAnEarlierVersion) {
   EXPECT_EQ(read_trainer_state_if_present("tests"), std::nullopt);
 }
 
-TEST(ResumeNewestLoadable, FallsBackOnDamageOnlyAndTriesEachOnce) {
+// ---- one resume decision for the job (resume.h) ----------------------------
+
+RootView view_of(std::string host, std::vector<StepView> steps, std::optional<int64_t> latest) {
+  RootView v;
+  v.host = std::move(host);
+  v.steps = std::move(steps);
+  v.latest = latest;
+  if (!latest) v.latest_problem = "/r/latest does not exist";
+  return v;
+}
+
+TEST(DecideResume, FreshOnlyWhenNoRankSeesAStepDirectory) {
+  const fs::path root = "/r";
+  const std::vector<RootView> none = {view_of("a", {}, {}), view_of("b", {}, {})};
+  const ResumePlan fresh = decide_resume(root, none);
+  EXPECT_EQ(fresh.action, ResumePlan::Action::Fresh);
+  EXPECT_TRUE(fresh.candidates.empty());
+  // Rank 1 sees a checkpoint that rank 0 does not: starting over would lose it.
+  const std::vector<RootView> one = {view_of("a", {}, {}), view_of("b", {{10, ""}}, 10)};
+  const ResumePlan plan = decide_resume(root, one);
+  EXPECT_EQ(plan.action, ResumePlan::Action::Refuse);
+  EXPECT_TRUE(contains(plan.error, "the ranks do not see the same checkpoints in /r"));
+  EXPECT_TRUE(contains(plan.error, "rank 0 on host a sees no step directory (it would start from step 0)"));
+  EXPECT_TRUE(contains(plan.error, "\n  rank 1 on host b sees: step-000010 (complete)"));
+}
+
+TEST(DecideResume, StepDirectoriesOfWhichNoneIsCompleteAreAnError) {
+  const std::vector<RootView> views = {view_of(
+      "a", {{10, "COMPLETE marker is missing"}, {20, "master_weights-00001-of-00001.safetensors is missing"}}, 20)};
+  const ResumePlan plan = decide_resume("/r", views);
+  EXPECT_EQ(plan.action, ResumePlan::Action::Refuse);
+  EXPECT_EQ(plan.error,
+            "--resume auto: /r holds step directories, but none is a complete checkpoint that loads:\n"
+            "  step-000020: master_weights-00001-of-00001.safetensors is missing\n"
+            "  step-000010: COMPLETE marker is missing\n"
+            "Nothing was trained or deleted. To go on: restore the missing or damaged files and run the same command "
+            "again; or resume from another checkpoint with --resume PATH; or start over with --overwrite (moves the "
+            "step directories into /r/overwritten-<UTC time>/).");
+}
+
+TEST(DecideResume, FallsBackPastADamagedNewestWithAWarning) {
+  const std::vector<RootView> views = {view_of("a", {{5, ""}, {10, ""}, {20, "x is missing"}}, 20),
+                                       view_of("b", {{5, ""}, {10, ""}, {20, "x is missing"}}, 20)};
+  const ResumePlan plan = decide_resume("/r", views);
+  EXPECT_EQ(plan.action, ResumePlan::Action::Load);
+  EXPECT_EQ(plan.candidates, (std::vector<int64_t>{10, 5}));
+  EXPECT_EQ(plan.warnings, std::vector<std::string>{
+                               "latest names step-000020, which is incomplete (x is missing); using step-000010"});
+  // Without `latest`, every skipped step is named with why.
+  const std::vector<RootView> no_latest = {view_of("a", {{10, ""}, {20, "x is missing"}, {30, "y is missing"}}, {})};
+  EXPECT_EQ(decide_resume("/r", no_latest).warnings,
+            (std::vector<std::string>{"/r/latest does not exist; using step-000010",
+                                      "skipping step-000030 (y is missing); resuming from step-000010",
+                                      "skipping step-000020 (x is missing); resuming from step-000010"}));
+}
+
+TEST(DecideResume, EveryRankMustSeeTheChosenStep) {
+  const RootView lead = view_of("a", {{10, ""}, {20, ""}}, 20);
+  // Rank 1 lacks a file of step 20: the job stops, naming rank 1 and what it sees.
+  std::vector<RootView> views = {lead, lead, view_of("c", {{10, ""}, {20, "x is missing"}}, 20)};
+  ResumePlan plan = decide_resume("/r", views);
+  EXPECT_EQ(plan.action, ResumePlan::Action::Refuse);
+  EXPECT_TRUE(contains(plan.error,
+                       "rank 0 on host a would resume step-000020\n  rank 2 on host c sees: "
+                       "step-000010 (complete), step-000020 (incomplete: x is missing)\n"));
+  EXPECT_FALSE(contains(plan.error, "rank 1"));
+  // A rank that could not list the root takes part and is named.
+  views[2] = lead;
+  views[1].error = "cannot list checkpoint directory /r: Permission denied";
+  views[1].steps.clear();
+  plan = decide_resume("/r", views);
+  EXPECT_EQ(plan.action, ResumePlan::Action::Refuse);
+  EXPECT_TRUE(contains(plan.error, "rank 1 on host a sees: cannot list checkpoint directory /r: Permission denied"));
+  // A rank seeing a newer complete step than rank 0 chose is a disagreement too.
+  views[1] = view_of("b", {{10, ""}, {20, ""}, {30, ""}}, 20);
+  EXPECT_EQ(decide_resume("/r", views).action, ResumePlan::Action::Refuse);
+  // Older differences only narrow the fallbacks.
+  views[1] = view_of("b", {{5, "gone"}, {10, ""}, {20, ""}}, 20);
+  views[0] = view_of("a", {{5, ""}, {10, ""}, {20, ""}}, 20);
+  plan = decide_resume("/r", views);
+  EXPECT_EQ(plan.action, ResumePlan::Action::Load);
+  EXPECT_EQ(plan.candidates, (std::vector<int64_t>{20, 10}));
+  EXPECT_TRUE(plan.warnings.empty());
+}
+
+TEST(DecideResume, ViewsTravelAsJson) {
+  RootView v = view_of("host-1", {{10, ""}, {20, "a \"quoted\" reason"}}, 20);
+  EXPECT_EQ(view_from_json(view_to_json(v)), v);
+  v = view_of("h", {}, {});
+  v.error = "cannot list";
+  EXPECT_EQ(view_from_json(view_to_json(v)), v);
+  EXPECT_TRUE(contains(error_of([] { view_from_json("{\"host\": 1}"); }), "malformed"));
+}
+
+TEST(DecideResume, ViewOfARootOnDisk) {
   TempRoot tmp;
+  save(tmp.path(), 100);
+  save(tmp.path(), 200);
+  fs::remove(tmp.path() / "step-000200" / "model.safetensors");
+  fs::remove(tmp.path() / "step-000200" / "trainer_state.json");
+  const RootView v = view_root(tmp.path(), "h");
+  EXPECT_EQ(v.latest, 200);
+  ASSERT_EQ(v.steps.size(), 2u);
+  EXPECT_EQ(v.steps[0], (StepView{100, ""}));
+  EXPECT_EQ(v.steps[1], (StepView{200, "2 files are missing: model.safetensors, trainer_state.json"}));
+  EXPECT_TRUE(view_root(tmp.path() / "never-created").steps.empty());
+  EXPECT_TRUE(view_root(tmp.path() / "never-created").error.empty());
+  write_text(tmp.path() / "file", "x");
+  EXPECT_TRUE(view_root(tmp.path() / "file").error.empty());  // not a directory: holds nothing
+}
+
+TEST(ResumeAuto, FallsBackOnDamageOnlyAndTriesEachOnce) {
+  TempRoot tmp;
+  auto group = make_local_group();
   for (int64_t step : {100, 200, 300}) save(tmp.path(), step);
   const std::string s100 = (tmp.path() / "step-000100").string(), s200 = (tmp.path() / "step-000200").string(),
                     s300 = (tmp.path() / "step-000300").string();
   std::vector<std::string> tried, warned;
   auto warn = [&](const std::string& m) { warned.push_back(m); };
-  // The newest fails its checksum: the next older one loads.
+  // The newest fails its checksum: the next older one loads, and the damaged one is reported.
   auto damaged_300 = [&](const std::string& path) {
     tried.push_back(path);
     if (path == s300) ST_FAIL("checksum mismatch in '{}'", path);
   };
-  EXPECT_EQ(resume_newest_loadable(tmp.path(), damaged_300, warn), s200);
+  const AutoResumed r = resume_auto(tmp.path(), damaged_300, warn, *group);
+  EXPECT_EQ(r.path, s200);
+  EXPECT_EQ(r.damaged, (std::map<int64_t, std::string>{{300, "does not load: checksum mismatch in '" + s300 + "'"}}));
   EXPECT_EQ(tried, (std::vector<std::string>{s300, s200}));
   ASSERT_EQ(warned.size(), 1u);
   EXPECT_EQ(warned[0], s300 + " does not load (checksum mismatch in '" + s300 + "'); falling back to " + s200);
@@ -499,43 +616,92 @@ TEST(ResumeNewestLoadable, FallsBackOnDamageOnlyAndTriesEachOnce) {
     tried.push_back(path);
     throw Misfit("checkpoint does not fit this run", __FILE__, __LINE__);
   };
-  EXPECT_EQ(error_of([&] { resume_newest_loadable(tmp.path(), misfit, warn); }), "checkpoint does not fit this run");
+  EXPECT_EQ(error_of([&] { resume_auto(tmp.path(), misfit, warn, *group); }), "checkpoint does not fit this run");
   EXPECT_EQ(tried, (std::vector<std::string>{s300}));
-  // Every one damaged: each tried once, the oldest's error propagates.
+  // Every one damaged: each tried once, then one error naming every step and why.
   tried.clear();
   auto all_damaged = [&](const std::string& path) {
     tried.push_back(path);
     ST_FAIL("damaged {}", path);
   };
-  EXPECT_EQ(error_of([&] { resume_newest_loadable(tmp.path(), all_damaged, warn); }), "damaged " + s100);
+  const std::string error = error_of([&] { resume_auto(tmp.path(), all_damaged, warn, *group); });
   EXPECT_EQ(tried, (std::vector<std::string>{s300, s200, s100}));
-  // Nothing complete: nullopt, nothing tried.
+  EXPECT_TRUE(contains(error,
+                       "holds step directories, but none is a complete checkpoint that loads:\n  step-000300: "
+                       "does not load: damaged " +
+                           s300 + "\n  step-000200: does not load: damaged " + s200));
+  // No step directory: a fresh start, nothing tried.
   TempRoot empty;
   tried.clear();
-  EXPECT_EQ(resume_newest_loadable(empty.path(), all_damaged, warn), std::nullopt);
+  EXPECT_EQ(resume_auto(empty.path(), all_damaged, warn, *group).path, std::nullopt);
+  EXPECT_TRUE(tried.empty());
+  // Step directories, none complete: an error, nothing tried.
+  fs::create_directories(empty.path() / "step-000100");
+  EXPECT_TRUE(contains(error_of([&] { resume_auto(empty.path(), all_damaged, warn, *group); }),
+                       "step-000100: missing COMPLETE marker"));
   EXPECT_TRUE(tried.empty());
 }
 
 TEST(Retention, KeepsNewestAndLatestTarget) {
   TempRoot tmp;
   for (int64_t step : {100, 200, 300, 400, 500}) save(tmp.path(), step);
-  EXPECT_TRUE(apply_retention(tmp.path(), 0).empty());
+  const std::set<int64_t> ours = {100, 200, 300, 400, 500};
+  EXPECT_TRUE(apply_retention(tmp.path(), {0, 0, ours, {}}).deleted.empty());
   EXPECT_EQ(complete_steps(tmp.path()), (std::vector<int64_t>{100, 200, 300, 400, 500}));
 
   write_text(tmp.path() / "latest", "step-000200\n");                 // e.g. the user pointed latest back
   fs::create_directories(tmp.path() / ".tmp-step-000600-999999999");  // debris of a killed run
   fs::create_directories(tmp.path() / "step-000050");                 // incomplete: not ours to delete
-  PendingCheckpoint ours(tmp.path(), 600);                            // this process's save in progress
-  // The deleted checkpoints are reported (for the run's log); debris is not.
-  EXPECT_EQ(apply_retention(tmp.path(), 2), (std::vector<std::string>{"step-000100", "step-000300"}));
+  PendingCheckpoint ours_pending(tmp.path(), 600);                    // this process's save in progress
+  // The deleted checkpoints are reported (for the run's log); debris is not; the incomplete one is kept and named.
+  const RetentionResult r = apply_retention(tmp.path(), {2, 0, ours, {}});
+  EXPECT_EQ(r.deleted, (std::vector<std::string>{"step-000100", "step-000300"}));
+  ASSERT_EQ(r.kept_damaged.size(), 1u);
+  EXPECT_TRUE(contains(r.kept_damaged[0], "step-000050 (missing COMPLETE marker"));
   EXPECT_EQ(complete_steps(tmp.path()), (std::vector<int64_t>{200, 400, 500}));
   EXPECT_FALSE(fs::exists(tmp.path() / ".tmp-step-000600-999999999"));
-  EXPECT_TRUE(fs::exists(ours.path()));
+  EXPECT_TRUE(fs::exists(ours_pending.path()));
   EXPECT_TRUE(fs::exists(tmp.path() / "step-000050"));
 
   write_text(tmp.path() / "latest", "step-000500\n");
-  EXPECT_EQ(apply_retention(tmp.path(), 1), (std::vector<std::string>{"step-000200", "step-000400"}));
+  EXPECT_EQ(apply_retention(tmp.path(), {1, 0, ours, {}}).deleted,
+            (std::vector<std::string>{"step-000200", "step-000400"}));
   EXPECT_EQ(complete_steps(tmp.path()), std::vector<int64_t>{500});
+}
+
+TEST(Retention, NeverDeletesTheWayBack) {
+  TempRoot tmp;
+  for (int64_t step : {10, 20, 30}) save(tmp.path(), step);
+  // Nothing committed by this run yet: nothing is deleted.
+  EXPECT_TRUE(apply_retention(tmp.path(), {1, 10, {}, {}}).deleted.empty());
+  // Resumed from 10, committed 11: 10 may go; 20 and 30 are newer than where the run started and not ours.
+  save(tmp.path(), 11);
+  EXPECT_EQ(apply_retention(tmp.path(), {1, 10, {11}, {}}).deleted, std::vector<std::string>{"step-000010"});
+  EXPECT_EQ(complete_steps(tmp.path()), (std::vector<int64_t>{11, 20, 30}));
+  // Committed 12 too: 11 (ours) goes; 12 is the newest of ours, 20 and 30 stay.
+  save(tmp.path(), 12);
+  EXPECT_EQ(apply_retention(tmp.path(), {1, 10, {11, 12}, {}}).deleted, std::vector<std::string>{"step-000011"});
+  EXPECT_EQ(complete_steps(tmp.path()), (std::vector<int64_t>{12, 20, 30}));
+  // A step known not to load is kept, not counted, and named.
+  const RetentionResult r = apply_retention(tmp.path(), {1, 10, {11, 12}, {{30, "does not load: checksum"}}});
+  EXPECT_EQ(r.kept_damaged, std::vector<std::string>{"step-000030 (does not load: checksum)"});
+  EXPECT_TRUE(r.deleted.empty());
+  EXPECT_EQ(read_text(tmp.path() / "latest"), "step-000030\n");  // never moved back to 11 or 12
+}
+
+TEST(Commit, LatestNeverMovesBackPastAnExistingStep) {
+  TempRoot tmp;
+  save(tmp.path(), 20);
+  fs::remove(tmp.path() / "step-000020" / "model.safetensors");  // damaged, but there
+  PendingCheckpoint p11(tmp.path(), 11);
+  p11.commit(write_payload(p11, 10));
+  EXPECT_EQ(p11.latest_kept(), 20);
+  EXPECT_EQ(read_text(tmp.path() / "latest"), "step-000020\n");
+  fs::remove_all(tmp.path() / "step-000020");  // gone: nothing to go back to, latest may move
+  PendingCheckpoint p12(tmp.path(), 12);
+  p12.commit(write_payload(p12, 10));
+  EXPECT_EQ(p12.latest_kept(), std::nullopt);
+  EXPECT_EQ(read_text(tmp.path() / "latest"), "step-000012\n");
 }
 
 // ---- crash safety ---------------------------------------------------------
@@ -615,7 +781,7 @@ TEST(CrashSafety, KillAtEveryStageOfNewSave) {
     if (k >= renamed) want.push_back(200);
     EXPECT_EQ(complete_steps(tmp.path()), want);
     // The next run cleans up the dead child's temporary directory.
-    apply_retention(tmp.path(), 0);
+    apply_retention(tmp.path(), RetentionRules{});
     for (const auto& entry : fs::directory_iterator(tmp.path()))
       EXPECT_FALSE(entry.path().filename().string().starts_with(".tmp-")) << entry.path();
   }
