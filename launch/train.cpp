@@ -719,6 +719,7 @@ void Trainer::save(int64_t done) {
   const bool save_now = (interval > 0 && (done + 1) % interval == 0) || done + 1 == last_step_;
   if (!config_.checkpoint.dir.empty() && save_now) {
     const profile::PhaseScope checkpoint_phase(profile::Phase::Checkpoint);
+    if (stop_signal_ != 0) hold_stop_save_for_test(done + 1);
     checkpointer_->save(done + 1, consumed_);
     last_saved_ = done + 1;
   }
