@@ -122,16 +122,18 @@ def wait_gone(pids, what):
         fail(f"{what}: processes {left} still ran {HANG_S} s later")
 
 
-def children(pid):
+def children(pid, comm):
+    """The pids of `pid`'s children named `comm`."""
     out = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(name))
+                    stat = f.read()
             except OSError:
-                pass
+                continue
+            if stat.split(" (", 1)[1].rsplit(")", 1)[0] == comm and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(name))
     return out
 
 
@@ -198,7 +200,7 @@ def check_launcher_killed(trainer, tmp):
                "--set", "checkpoint.interval=0"])
     wait_for_steps(metrics, 3, job)
     ranks = rank_pids(metrics)
-    mpirun = children(job.proc.pid)
+    mpirun = children(job.proc.pid, "mpirun")
     if sorted(ranks) != [0, 1] or len(mpirun) != 1:
         job.proc.kill()
         fail(f"expected ranks 0 and 1 under one mpirun, found {ranks} and {mpirun}")
