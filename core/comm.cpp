@@ -225,11 +225,15 @@ void refuse_world_without_mpi() {
   }
   struct Launcher {
     const char* name;
+    const char* task;                  // set in each process it starts (nullptr: any of the others)
     std::array<const char*, 2> sizes;  // more than 1: several processes
     std::array<const char*, 2> ranks;  // more than 0: not the only process
   };
-  for (const Launcher& l : {Launcher{"torchrun", {"WORLD_SIZE", "LOCAL_WORLD_SIZE"}, {"RANK", "LOCAL_RANK"}},
-                            Launcher{"Slurm", {"SLURM_NTASKS", "SLURM_NPROCS"}, {"SLURM_PROCID", nullptr}}}) {
+  // An salloc shell has SLURM_NTASKS but no SLURM_PROCID: it is one process, not a task.
+  for (const Launcher& l :
+       {Launcher{"torchrun", nullptr, {"WORLD_SIZE", "LOCAL_WORLD_SIZE"}, {"RANK", "LOCAL_RANK"}},
+        Launcher{"Slurm", "SLURM_PROCID", {"SLURM_NTASKS", "SLURM_NPROCS"}, {"SLURM_PROCID", nullptr}}}) {
+    if (l.task != nullptr && std::getenv(l.task) == nullptr) continue;
     std::string seen;  // "WORLD_SIZE=2, RANK=1"
     long processes = 0;
     bool several = false;

@@ -362,6 +362,10 @@ TEST(DetectWorld, SeveralProcessesWithoutMpiAreRefused) {
 
 TEST(DetectWorld, OneProcessOrAnMpiWorldIsNotRefused) {
   {
+    ScopedLauncherEnv env({{"SLURM_NTASKS", "4"}});  // an salloc shell: not a task
+    expect_world(detect_world(), 0, 1, 0, 1, false);
+  }
+  {
     ScopedLauncherEnv env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}});
     expect_world(detect_world(), 0, 1, 0, 1, false);
   }
