@@ -11,9 +11,6 @@ one of:
                    memory?", and no process of the job is left.
   second-signal    SIGTERM to the launcher, and a second SIGTERM while the ranks hold at the start of the
                    stop's save: the ranks save, the checkpoint is committed, the launcher exits 0.
-  signal-all       the same with the second SIGTERM sent to mpirun, as a scheduler that signals every
-                   process does: mpirun's kill path would hold the job 2 x 120 s and exit 1; the launcher
-                   ends it once every rank has exited 0, and exits 0.
   launcher-killed  `kill -9` of the launcher while training: mpirun and every rank end (checked by pid),
                    having saved the last step; the checkpoint.dir lock is free and the job's last lines
                    still reach the launcher's stderr.
@@ -195,34 +192,6 @@ def check_second_signal(trainer, tmp):
         fail("a second SIGTERM during the save should still commit the checkpoint and exit 0")
 
 
-def check_signal_all(trainer, tmp):
-    """As a scheduler that signals every process of the job: mpirun gets SIGTERM too, during the save."""
-    root = os.path.join(tmp, "ckpt")
-    metrics = os.path.join(tmp, "all.jsonl")
-    release = os.path.join(tmp, "release")
-    env = dict(os.environ, ST_TEST_HOLD_STOP_SAVE=release)
-    job = Job([LAUNCH, "-np", "2", trainer] + TINY +
-              ["--set", f"logging.metrics_file={metrics}", "--set", f"checkpoint.dir={root}",
-               "--set", "checkpoint.interval=0"], env)
-    wait_for_steps(metrics, 2, job)
-    mpirun = children(job.proc.pid, "mpirun")
-    job.proc.send_signal(signal.SIGTERM)
-    held = job.wait_for_line("test hook: holding the stop's save of step")
-    os.kill(mpirun[0], signal.SIGTERM)  # mpirun's kill path: it sleeps 2 x 120 s, then exits 1
-    open(release, "w").close()
-    err = job.finish()
-    step = int(held.split("save of step ")[1].split()[0])
-    latest, complete = latest_committed(root)
-    print(f"signal-all: held at step {step}; launcher exit {job.proc.returncode}; latest = {latest}, "
-          f"{'complete' if complete else 'INCOMPLETE'}")
-    for ln in err.splitlines():
-        if ln.startswith("launch:"):
-            print(f"  {ln.strip()}")
-    if job.proc.returncode != 0 or latest != f"step-{step:06d}" or not complete:
-        job.dump()
-        fail("with SIGTERM to mpirun during the save, the ranks should commit the checkpoint and the job exit 0")
-
-
 def check_launcher_killed(trainer, tmp):
     root = os.path.join(tmp, "ckpt")
     metrics = os.path.join(tmp, "orphan.jsonl")
@@ -295,7 +264,7 @@ def check_split(trainer, tmp):
 
 def main():
     trainer, check = os.path.abspath(sys.argv[1]), sys.argv[2]
-    checks = {"rank-killed": check_rank_killed, "second-signal": check_second_signal, "signal-all": check_signal_all,
+    checks = {"rank-killed": check_rank_killed, "second-signal": check_second_signal,
               "launcher-killed": check_launcher_killed, "clean": check_clean, "split": check_split}
     with tempfile.TemporaryDirectory() as tmp:
         checks[check](trainer, tmp)
