@@ -3,6 +3,7 @@
 #include "core/comm.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <climits>
 #include <cstdio>
@@ -201,9 +202,67 @@ std::optional<EnvValue> first_env_int(std::initializer_list<const char*> names, 
   return std::nullopt;
 }
 
+/// The value of `name` when it is a plain decimal integer, else nullopt (never
+/// throws: a RANK=abc set for something else is no launcher's).
+std::optional<long> env_count(const char* name) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr) return std::nullopt;
+  std::string_view text(raw);
+  long value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < 0) return std::nullopt;
+  return value;
+}
+
+/// Refuses an environment that describes several processes without an MPI
+/// world to join them: torchrun's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE,
+/// or Slurm tasks (srun without --mpi, or a batch script of several tasks).
+/// Each such process would initialise MPI as a world of one and work alone on
+/// the same files.
+void refuse_world_without_mpi() {
+  for (const char* mpi : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"}) {
+    if (std::getenv(mpi) != nullptr) return;
+  }
+  struct Launcher {
+    const char* name;
+    const char* task;                  // set in each process it starts (nullptr: any of the others)
+    std::array<const char*, 2> sizes;  // more than 1: several processes
+    std::array<const char*, 2> ranks;  // more than 0: not the only process
+  };
+  // An salloc shell has SLURM_NTASKS but no SLURM_PROCID: it is one process, not a task.
+  for (const Launcher& l :
+       {Launcher{"torchrun", nullptr, {"WORLD_SIZE", "LOCAL_WORLD_SIZE"}, {"RANK", "LOCAL_RANK"}},
+        Launcher{"Slurm", "SLURM_PROCID", {"SLURM_NTASKS", "SLURM_NPROCS"}, {"SLURM_PROCID", nullptr}}}) {
+    if (l.task != nullptr && std::getenv(l.task) == nullptr) continue;
+    std::string seen;  // "WORLD_SIZE=2, RANK=1"
+    long processes = 0;
+    bool several = false;
+    for (const char* name : l.sizes) {
+      const std::optional<long> v = name ? env_count(name) : std::nullopt;
+      if (!v) continue;
+      seen += format("{}{}={}", seen.empty() ? "" : ", ", name, *v);
+      several = several || *v > 1;
+      processes = std::max(processes, *v);
+    }
+    for (const char* name : l.ranks) {
+      const std::optional<long> v = name ? env_count(name) : std::nullopt;
+      if (!v) continue;
+      seen += format("{}{}={}", seen.empty() ? "" : ", ", name, *v);
+      several = several || *v > 0;
+    }
+    const std::string n = processes > 1 ? format("{}", processes) : std::string("N");
+    ST_CHECK(!several,
+             "this process was started as one of {} processes by {} ({}), but there is no MPI world (none of "
+             "OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMI_RANK or PMIX_RANK is set): each process would run alone, on the "
+             "same files. Launch through MPI: scripts/launch -np {} PROGRAM ... (mpirun), or srun --mpi=pmix",
+             processes > 1 ? n : std::string("several"), l.name, seen, n);
+  }
+}
+
 }  // namespace
 
 WorldInfo detect_world() {
+  refuse_world_without_mpi();
   std::optional<EnvValue> rank, size, local_rank, local_size;
   if (auto r = env_int("OMPI_COMM_WORLD_RANK", 0), s = env_int("OMPI_COMM_WORLD_SIZE", 1); r || s) {
     ST_CHECK(r && s, "Open MPI launch: {} is set but {} is not", r ? "OMPI_COMM_WORLD_RANK" : "OMPI_COMM_WORLD_SIZE",

@@ -130,6 +130,9 @@ class ProcessGroup {
 /// (Open MPI's OMPI_COMM_WORLD_*, else PMI_*/PMIX_*, else SLURM_*, else 1 process).
 /// A variable that is set but not a non-negative integer, or values that
 /// contradict each other (rank >= size), throw st::Error naming the variable.
+/// So does an environment of several processes with no MPI world to join them
+/// (torchrun's RANK/WORLD_SIZE/LOCAL_RANK, or a Slurm task, SLURM_PROCID, of
+/// SLURM_NTASKS > 1 without PMI/PMIx): each would run alone as a world of one.
 /// Without a local rank/size from the launcher, all ranks count as one host.
 struct WorldInfo {
   int rank = 0;

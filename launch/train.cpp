@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -259,6 +261,7 @@ class Trainer {
   void save(int64_t done);
   // After a stop ended step `done` + 1 between micro-batches.
   void save_after_stop(int64_t done);
+  void hold_stop_save_for_test(int64_t step) const;
 
   // logging.plot's cadence after step `done` + 1: every checkpoint.interval
   // steps, or every 100 logged steps when that is 0 (finish() draws the last).
@@ -728,9 +731,22 @@ void Trainer::save(int64_t done) {
   const bool save_now = (interval > 0 && (done + 1) % interval == 0) || done + 1 == last_step_;
   if (!config_.checkpoint.dir.empty() && save_now) {
     const profile::PhaseScope checkpoint_phase(profile::Phase::Checkpoint);
+    if (stop_signal_ != 0) hold_stop_save_for_test(done + 1);
     checkpointer_->save(done + 1, consumed_);
     last_saved_ = done + 1;
   }
+}
+
+// Test hook: with ST_TEST_HOLD_STOP_SAVE=FILE in the environment, the save
+// that follows a stop signal says so (rank 0: "test hook: holding the stop's
+// save of step N until FILE exists") and waits, on every rank, until FILE
+// exists. tests/check_launch.py signals the launcher again there, so that the
+// second signal is known to land during the save, whatever the machine's load.
+void Trainer::hold_stop_save_for_test(int64_t step) const {
+  const char* file = std::getenv("ST_TEST_HOLD_STOP_SAVE");
+  if (file == nullptr || *file == '\0') return;
+  log_.info0("test hook: holding the stop's save of step {} until {} exists", step, file);
+  while (!std::filesystem::exists(file)) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
 // Saves the state after `done` steps unless it is already saved or is
@@ -739,6 +755,7 @@ void Trainer::save_after_stop(int64_t done) {
   terminated_ = true;
   last_step_ = done;
   if (!config_.checkpoint.dir.empty() && last_saved_ < done && done > first_step_) {
+    hold_stop_save_for_test(done);
     checkpointer_->save(done, consumed_);
   }
 }

@@ -34,6 +34,9 @@ int run(const std::vector<std::string>& argv) {
     std::fputs(st::launch::config_keys_markdown().c_str(), stdout);
     return 0;
   }
+  // A torchrun or plain Slurm environment of several processes without MPI
+  // would split the job into independent runs: refused before anything else.
+  st::detect_world();
   // Loading the config first means a bad file fails before MPI starts. Every
   // rank loads the same file, so every rank fails alike: rank 0 reports it.
   st::Config config;

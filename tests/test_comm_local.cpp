@@ -271,7 +271,12 @@ class ScopedLauncherEnv {
                                            "SLURM_PROCID",
                                            "SLURM_NTASKS",
                                            "SLURM_LOCALID",
-                                           "SLURM_NTASKS_PER_NODE"};
+                                           "SLURM_NTASKS_PER_NODE",
+                                           "SLURM_NPROCS",
+                                           "RANK",
+                                           "WORLD_SIZE",
+                                           "LOCAL_RANK",
+                                           "LOCAL_WORLD_SIZE"};
   std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
 };
 
@@ -314,10 +319,68 @@ TEST(DetectWorld, Pmi) {
   }
 }
 
-TEST(DetectWorld, Slurm) {
-  ScopedLauncherEnv env(
-      {{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"}, {"SLURM_NTASKS_PER_NODE", "4"}});
+TEST(DetectWorld, SlurmWithPmi) {
+  ScopedLauncherEnv env({{"PMI_RANK", "6"},
+                         {"PMI_SIZE", "8"},
+                         {"SLURM_PROCID", "6"},
+                         {"SLURM_NTASKS", "8"},
+                         {"SLURM_LOCALID", "2"},
+                         {"SLURM_NTASKS_PER_NODE", "4"}});
   expect_world(detect_world(), 6, 8, 2, 4, true);
+}
+
+TEST(DetectWorld, SlurmSingleTaskIsAWorldOfOne) {
+  ScopedLauncherEnv env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+  expect_world(detect_world(), 0, 1, 0, 1, true);
+}
+
+// Several processes without an MPI world would each run alone: refused.
+TEST(DetectWorld, SeveralProcessesWithoutMpiAreRefused) {
+  const std::string tail =
+      "but there is no MPI world (none of OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMI_RANK or PMIX_RANK is set): each "
+      "process would run alone, on the same files. Launch through MPI: scripts/launch -np ";
+  {
+    ScopedLauncherEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
+    EXPECT_EQ(error_of([] { detect_world(); }),
+              "this process was started as one of 2 processes by torchrun (WORLD_SIZE=2, RANK=1), " + tail +
+                  "2 PROGRAM ... (mpirun), or srun --mpi=pmix");
+  }
+  {
+    ScopedLauncherEnv env({{"LOCAL_RANK", "3"}});
+    EXPECT_EQ(error_of([] { detect_world(); }),
+              "this process was started as one of several processes by torchrun "
+              "(LOCAL_RANK=3), " +
+                  tail + "N PROGRAM ... (mpirun), or srun --mpi=pmix");
+  }
+  {
+    ScopedLauncherEnv env({{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"}});
+    EXPECT_EQ(error_of([] { detect_world(); }),
+              "this process was started as one of 2 processes by Slurm (SLURM_NTASKS=2, SLURM_PROCID=0), " + tail +
+                  "2 PROGRAM ... (mpirun), or srun --mpi=pmix");
+  }
+}
+
+TEST(DetectWorld, OneProcessOrAnMpiWorldIsNotRefused) {
+  {
+    ScopedLauncherEnv env({{"SLURM_NTASKS", "4"}});  // an salloc shell: not a task
+    expect_world(detect_world(), 0, 1, 0, 1, false);
+  }
+  {
+    ScopedLauncherEnv env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}});
+    expect_world(detect_world(), 0, 1, 0, 1, false);
+  }
+  {
+    ScopedLauncherEnv env({{"RANK", "worker"}});  // not torchrun's
+    expect_world(detect_world(), 0, 1, 0, 1, false);
+  }
+  {
+    ScopedLauncherEnv env({{"OMPI_COMM_WORLD_RANK", "1"},
+                           {"OMPI_COMM_WORLD_SIZE", "2"},
+                           {"RANK", "1"},
+                           {"WORLD_SIZE", "2"},
+                           {"SLURM_NTASKS", "4"}});
+    expect_world(detect_world(), 1, 2, 1, 2, true);
+  }
 }
 
 TEST(DetectWorld, GarbageIsAnError) {
