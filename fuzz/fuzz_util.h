@@ -7,9 +7,6 @@
 // Any other exception (a std::out_of_range, a json::type_error, a
 // std::length_error from a bad size) is a finding, as is every sanitizer
 // report: the target aborts and libFuzzer saves the input as a crash file.
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +15,9 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "core/error.h"
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite (unit tests
-# and the multi-rank tests at 1-4 ranks). Arguments go to ctest, e.g.
+# and the multi-rank tests at 1-4 ranks), then scripts/fuzz.sh for 20 s per
+# target (FUZZ_SECONDS; 0 skips it). Arguments go to ctest, and then the
+# fuzzing is left out, e.g.
 #   scripts/test.sh -R comm        # only the collective tests
 #   scripts/test.sh -L mpi         # only multi-rank tests
 set -euo pipefail
@@ -11,3 +13,15 @@ build_dir="${ST_BUILD_DIR:-$root/build}"
 "$root/scripts/setup.sh"
 cd "$build_dir"
 ctest --output-on-failure -j "${ST_JOBS:-$(nproc)}" "$@"
+
+# The whole suite (no ctest arguments) also fuzzes every parser of untrusted
+# input for FUZZ_SECONDS each (20 here; 0 skips) when clang is there
+# (scripts/setup.sh installs it): about 7 minutes on a 2-core machine.
+fuzz_seconds="${FUZZ_SECONDS:-20}"
+if (($# == 0)) && [[ $fuzz_seconds != 0 ]]; then
+  if command -v clang++ >/dev/null; then
+    FUZZ_SECONDS="$fuzz_seconds" "$root/scripts/fuzz.sh"
+  else
+    echo "test: no clang++, so the parsers are not fuzzed (apt-get install clang libclang-rt-14-dev)"
+  fi
+fi
