@@ -178,12 +178,14 @@ void check_plain_name(const std::string& file, const std::string& key, const std
 
 void read_sharded_catalog(Catalog& cat, const std::string& index_path) {
   json index = read_json_file(index_path);
-  ST_CHECK(index.is_object() && index.value("format", std::string()) == kShardedFormat, "'{}' is not a {} index",
-           index_path, kShardedFormat);
-  ST_CHECK(index.value("version", -1) == kShardedVersion, "'{}': unsupported version {} (this build reads {})",
-           index_path, index.value("version", -1), kShardedVersion);
-  cat.format = layout_name(Layout::Sharded);
+  // json::value() throws type_error for a "format" or "version" of another
+  // type, so they are read inside the try too (fuzzing found it).
   try {
+    ST_CHECK(index.is_object() && index.value("format", std::string()) == kShardedFormat, "'{}' is not a {} index",
+             index_path, kShardedFormat);
+    ST_CHECK(index.value("version", -1) == kShardedVersion, "'{}': unsupported version {} (this build reads {})",
+             index_path, index.value("version", -1), kShardedVersion);
+    cat.format = layout_name(Layout::Sharded);
     cat.world_size = index.value("world_size", 0);
     for (const auto& [fqn, kinds] : index.at("tensors").items()) {
       for (const auto& [kind, meta] : kinds.items()) {

@@ -35,10 +35,13 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv) {
   TrainerArgs args;
   // Accepts "--flag value" and "--flag=value" alike.
   for (size_t i = 0; i < argv.size(); ++i) {
-    const auto [flag, value, inline_value] = split_arg(argv[i]);
+    // A struct, not a structured binding: clang before 16 cannot capture
+    // bindings in a lambda, and the fuzz build (scripts/fuzz.sh) uses clang 14.
+    const SplitArg split = split_arg(argv[i]);
+    const std::string& flag = split.flag;
     auto take_value = [&]() -> std::string {
-      if (inline_value) return value;
-      ST_CHECK(i + 1 < argv.size(), "{} needs a value (see --help)", flag);
+      if (split.inline_value) return split.value;
+      ST_CHECK(i + 1 < argv.size(), "{} needs a value (see --help)", split.flag);
       return argv[++i];
     };
     if (flag == "--help" || flag == "-h") {

@@ -303,13 +303,25 @@ struct PanelSpec {
   bool restarts = false;
 };
 
+// Magnitudes an axis can draw: its padding, tick spacing and decades stay
+// finite and nonzero in double (1e308 would overflow them, 1e-320 underflow).
+// Real metrics are far inside; beyond is a damaged file (fuzzing found it).
+constexpr double kMaxDrawable = 1e200;
+constexpr double kMinDrawable = 1e-200;
+
 // The finite values of the panel's fields over every run, as (lowest, highest); nullopt when there are none.
+// A nonzero value outside the drawable magnitudes is an error naming the run, the panel and the step.
 std::optional<std::pair<double, double>> value_range(std::span<const PlotRun> runs, const PanelSpec& spec) {
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (const PlotRun& run : runs) {
     for (const MetricsRecord& r : run.log.records) {
       for (double MetricsRecord::*field : {spec.field, spec.markers}) {
         if (field == nullptr || !std::isfinite(r.*field)) continue;
+        const double magnitude = std::fabs(r.*field);
+        ST_CHECK(magnitude == 0 || (magnitude >= kMinDrawable && magnitude <= kMaxDrawable),
+                 "run '{}': {} value {} at step {} cannot be drawn (magnitudes from {} to {} can; is the metrics file "
+                 "damaged?)",
+                 run.label, spec.title, r.*field, r.step, kMinDrawable, kMaxDrawable);
         lo = std::min(lo, r.*field);
         hi = std::max(hi, r.*field);
       }
@@ -382,7 +394,8 @@ Axis step_axis(std::span<const PlotRun> runs) {
     hi = std::max(hi, run.log.records.back().step);
   }
   // One step: a range of whole steps around it.
-  if (lo == hi) return linear_axis(static_cast<double>(lo - 1), static_cast<double>(hi + 1), 3);
+  // In double: lo - 1 and hi + 1 overflow int64_t at its ends.
+  if (lo == hi) return linear_axis(static_cast<double>(lo) - 1, static_cast<double>(hi) + 1, 3);
   return linear_axis(static_cast<double>(lo), static_cast<double>(hi), 8);
 }
 

@@ -460,6 +460,19 @@ TEST(TrainerStateFile, CorruptCountsAreNamed) {
                                   "f");
             }),
             "f is corrupt: 'world_size' is \"x\", of the wrong type");
+  // Found by fuzz/fuzz_trainer_state: a float where an integer belongs was cast
+  // to int64_t, undefined behaviour beyond its range (UBSan: 8e+47 is outside
+  // the range of 'long'); now refused naming the key.
+  EXPECT_EQ(error_of([] {
+              parse_trainer_state(R"({"step": 1, "consumed_samples": 0, "optimizer_steps": 0, "rng": {"seed": 8e47}})",
+                                  "f");
+            }),
+            "f is corrupt: 'seed' is 8e+47, expected an integer");
+  EXPECT_EQ(error_of([] {
+              parse_trainer_state(R"({"step": 1, "consumed_samples": 0, "optimizer_steps": 0, "world_size": 2.0})",
+                                  "f");
+            }),
+            "f is corrupt: 'world_size' is 2.0, expected an integer");
 }
 
 TEST(TrainerStateFile, ReadsTheFilesOfAnEarlierVersion) {

@@ -240,6 +240,27 @@ TEST(PlotSvg, OptionsAndErrors) {
   EXPECT_EQ(error_of([] { render_svg({}); }), "nothing to plot: no runs");
 }
 
+// Found by fuzz/fuzz_metrics: values the JSON reader accepts but no axis can
+// draw (1e308 overflows the padded range, 1e-308 underflows the tick spacing)
+// were undefined behaviour (inf cast to int); a lone step at the end of
+// int64_t overflowed. Now a clear error, and the lone step draws.
+TEST(PlotSvg, ValuesNoAxisCanDrawAreRefusedByName) {
+  const MetricsLog huge = parse_metrics("{\"step\": 1, \"loss\": 1e308}\n{\"step\": 2, \"loss\": -1e308}\n", "m.jsonl");
+  const PlotRun runs[] = {{"big", huge}};
+  EXPECT_EQ(error_of([&] { render_svg(runs); }),
+            "run 'big': loss value 1e+308 at step 1 cannot be drawn (magnitudes from 1e-200 to 1e+200 can; is the "
+            "metrics file damaged?)");
+  const MetricsLog tiny = parse_metrics("{\"step\": 3, \"loss\": 1, \"lr\": 1e-308}\n", "m.jsonl");
+  const PlotRun tiny_runs[] = {{"small", tiny}};
+  EXPECT_EQ(error_of([&] { render_svg(tiny_runs, {.title = "", .loss_scale = AxisScale::Log}); }),
+            "run 'small': learning rate value 1e-308 at step 3 cannot be drawn (magnitudes from 1e-200 to 1e+200 can; "
+            "is the metrics file damaged?)");
+  // Zero and ordinary values still draw, and so does one step at the end of int64_t.
+  const MetricsLog last = parse_metrics("{\"step\": 9223372036854775807, \"loss\": 0, \"lr\": 3e-4}\n", "m.jsonl");
+  const PlotRun last_runs[] = {{"last", last}};
+  EXPECT_NE(render_svg(last_runs).find(">loss</text>"), std::string::npos);
+}
+
 TEST(PlotSvg, LongRunsStaySmall) {
   // 50,000 steps of a noisy curve: at most four points per pixel column are drawn.
   std::string text;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "checkpoint/checksum.h"
+#include "checkpoint/index.h"
 #include "checkpoint/safetensors.h"
 #include "tests/test_util.h"
 
@@ -391,6 +392,19 @@ TEST_F(Safetensors, AcceptsHandCraftedFile) {
   EXPECT_EQ(f.read_tensor("f").to_floats(), (std::vector<float>{1.25f, 1.25f}));
   EXPECT_EQ(f.info("f").data_begin, 8 + header.size() + 4);
   EXPECT_EQ(f.metadata().at("a"), "b");
+}
+
+// Found by fuzz/fuzz_index: a sharded.index.json whose "version" or "format"
+// has another JSON type escaped as nlohmann's type_error (the trainer's
+// "internal error", naming no file); now an st::Error naming the index.
+TEST_F(Safetensors, ShardedIndexFieldOfTheWrongTypeNamesTheIndex) {
+  for (const std::string index : {R"({"format": "shardtrain-sharded", "version": "1", "tensors": {}, "chunks": []})",
+                                  R"({"format": 7, "version": 1, "tensors": {}, "chunks": []})"}) {
+    const std::string p = write_raw("sharded.index.json", index);
+    const std::string err = error_of([&] { read_catalog(path("")); });
+    EXPECT_TRUE(contains(err, format("checkpoint index '{}' is malformed: ", p))) << index;
+    EXPECT_TRUE(contains(err, "type must be ")) << index;
+  }
 }
 
 }  // namespace
