@@ -85,6 +85,26 @@ void PendingCheckpoint::stage(std::string_view name) const {
   test_pause_point(name, step_);
 }
 
+fs::path PendingCheckpoint::move_into_place() const {
+  const fs::path target = final_path();
+  std::error_code ec;
+  const bool replacing = fs::exists(target, ec);
+  ST_CHECK(!ec, "cannot inspect {}: {}", target.string(), ec.message());
+  if (!replacing) {
+    rename_path(path_, target);
+    return {};
+  }
+  // Swapping keeps a complete step-NNNNNN in place at every instant.
+  if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) return path_;
+  ST_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP, "cannot exchange {} with {}: {}", path_.string(),
+           target.string(), errno_text());
+  const fs::path old_copy = root_ / format("{}replaced-{}-{}", tmp_prefix, step_dir_name(step_), ::getpid());
+  remove_tree(old_copy);
+  rename_path(target, old_copy);
+  rename_path(path_, target);
+  return old_copy;
+}
+
 void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
   ST_CHECK(!committed_, "checkpoint {} was already committed", final_path().string());
   stage("commit_begin");
@@ -98,27 +118,8 @@ void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
   fsync_path(path_, PathKind::Directory);
   stage("temp_dir_synced");
 
-  fs::path target = final_path();
-  std::error_code ec;
-  bool replacing = fs::exists(target, ec);
-  ST_CHECK(!ec, "cannot inspect {}: {}", target.string(), ec.message());
-  fs::path old_copy;  // where the replaced checkpoint went, to delete after the swap
-  if (replacing) {
-    // Swapping keeps a complete step-NNNNNN in place at every instant.
-    if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-      old_copy = path_;
-    } else {
-      ST_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP, "cannot exchange {} with {}: {}", path_.string(),
-               target.string(), errno_text());
-      old_copy = root_ / format("{}replaced-{}-{}", tmp_prefix, step_dir_name(step_), ::getpid());
-      remove_tree(old_copy);
-      rename_path(target, old_copy);
-      rename_path(path_, target);
-    }
-  } else {
-    rename_path(path_, target);
-  }
-  committed_ = true;  // from here the temporary directory no longer holds our files
+  const fs::path old_copy = move_into_place();  // where a replaced checkpoint went, to delete after the swap
+  committed_ = true;                            // from here the temporary directory no longer holds our files
   stage("renamed");
   fsync_path(root_, PathKind::Directory);
   stage("root_synced");

@@ -84,6 +84,10 @@ class PendingCheckpoint {
   std::optional<int64_t> latest_kept() const noexcept { return latest_kept_; }
 
  private:
+  /// Renames the temporary directory to final_path(); a step directory already
+  /// there is swapped out (atomically where the kernel can) and its new place
+  /// returned, for commit() to delete once the rename is durable; else empty.
+  std::filesystem::path move_into_place() const;
   void stage(std::string_view name) const;
 
   std::filesystem::path root_;
