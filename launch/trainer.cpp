@@ -24,6 +24,15 @@
 
 namespace {
 
+// The run's first line: the config, its overrides, the world and the GPUs.
+void log_start(const st::launch::TrainerArgs& args, st::ProcessGroup& world, st::Logger& log) {
+  std::string overrides;
+  for (const std::string& o : args.overrides) overrides += (overrides.empty() ? "" : ", ") + o;
+  log.info0("shardtrain: config {}{} | {} rank(s) ({} backend) | {} GPU(s) visible, CUDA {}", args.config_path,
+            overrides.empty() ? std::string(" (no overrides)") : " with " + overrides, world.size(),
+            world.backend_name(), st::cuda::device_count(), st::cuda::compiled_with_cuda() ? "built in" : "not built");
+}
+
 int run(const std::vector<std::string>& argv) {
   st::launch::TrainerArgs args = st::launch::parse_trainer_args(argv);
   if (args.help) {
@@ -55,11 +64,7 @@ int run(const std::vector<std::string>& argv) {
   st::Logger log(world.rank(), world.size(),
                  st::parse_log_level(args.log_level.empty() ? config.logging.level : args.log_level));
   const st::WorldInfo& info = comm.info();
-  std::string overrides;
-  for (const std::string& o : args.overrides) overrides += (overrides.empty() ? "" : ", ") + o;
-  log.info0("shardtrain: config {}{} | {} rank(s) ({} backend) | {} GPU(s) visible, CUDA {}", args.config_path,
-            overrides.empty() ? std::string(" (no overrides)") : " with " + overrides, world.size(),
-            world.backend_name(), st::cuda::device_count(), st::cuda::compiled_with_cuda() ? "built in" : "not built");
+  log_start(args, world, log);
   log.debug("local rank {}/{}", info.local_rank, info.local_size);
   // No collective waits forever: a frozen or dead rank aborts the job after comm.timeout_s.
   std::optional<st::Watchdog> watchdog;
