@@ -234,7 +234,9 @@ class Trainer {
   // micro-batches (then nothing changed: no update, no samples consumed).
   std::optional<StepStats> step(int64_t done);
   int64_t load_batches();
-  std::optional<double> forward_backward(float grad_scale);
+  // Forward and backward of step `done` + 1's micro-batches; nullopt when a
+  // stop signal ended the step between two of them.
+  std::optional<double> forward_backward(int64_t done, float grad_scale);
   StepStats sync_gradients(int64_t done, int64_t count, double local_loss_sum);
 
   // Not collective: the time and peak of the step begun at `step_start`.
@@ -262,6 +264,7 @@ class Trainer {
   // After a stop ended step `done` + 1 between micro-batches.
   void save_after_stop(int64_t done);
   void hold_stop_save_for_test(int64_t step) const;
+  void hold_micro_batch_for_test(int64_t step) const;
 
   // logging.plot's cadence after step `done` + 1: every checkpoint.interval
   // steps, or every 100 logged steps when that is 0 (finish() draws the last).
@@ -501,7 +504,7 @@ void Trainer::setup_checkpoints() {
 std::optional<StepStats> Trainer::step(int64_t done) {
   const int64_t count = load_batches();
   sharded_->zero_grad();
-  const std::optional<double> local_loss_sum = forward_backward(1.0f / static_cast<float>(count));
+  const std::optional<double> local_loss_sum = forward_backward(done, 1.0f / static_cast<float>(count));
   if (!local_loss_sum) {
     // Every rank issued the same reduce-scatters before the boundary: drain
     // them. Nothing else changed (no optimizer step, no samples consumed), so
@@ -546,9 +549,10 @@ int64_t Trainer::load_batches() {
 // Forward and backward of each micro-batch, gradients scaled by
 // `grad_scale`; returns the sum of this rank's losses, or nullopt when the
 // ranks agreed to stop between micro-batches.
-std::optional<double> Trainer::forward_backward(float grad_scale) {
+std::optional<double> Trainer::forward_backward(int64_t done, float grad_scale) {
   double local_loss_sum = 0;
   for (int64_t m = 0; m < accum_; ++m) {
+    if (m == 1) hold_micro_batch_for_test(done + 1);
     // A stop request is honoured between micro-batches, not only at the
     // step's end, so a long step cannot outlast the launcher's grace period.
     if (m > 0 && (stop_signal_ = stop_agreed(world_)) != 0) return std::nullopt;
@@ -747,6 +751,19 @@ void Trainer::hold_stop_save_for_test(int64_t step) const {
   if (file == nullptr || *file == '\0') return;
   log_.info0("test hook: holding the stop's save of step {} until {} exists", step, file);
   while (!std::filesystem::exists(file)) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+// Test hook: with ST_TEST_HOLD_MICRO_BATCH=S in the environment, step S
+// stops after its first micro-batch (rank 0: "test hook: holding step S after
+// micro-batch 1 until a stop signal arrives") and every rank waits there until
+// it has received a stop signal. tests/check_preempt.py signals the launcher
+// on that line, so that the stop is known to land inside a step, between its
+// micro-batches, whatever the machine's load.
+void Trainer::hold_micro_batch_for_test(int64_t step) const {
+  const char* want = std::getenv("ST_TEST_HOLD_MICRO_BATCH");
+  if (want == nullptr || std::to_string(step) != want) return;
+  log_.info0("test hook: holding step {} after micro-batch 1 until a stop signal arrives", step);
+  while (g_stop_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
 // Saves the state after `done` steps unless it is already saved or is

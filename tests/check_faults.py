@@ -303,7 +303,12 @@ def check_lock(trainer, ckpt_tool, tmp):
     victim = subprocess.Popen([trainer, "--config", TINY, "--steps", "100000", "--resume", "auto"] +
                               sets(checkpoint__dir=root, checkpoint__interval=0, logging__interval=1000),
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(2)
+    # Killed once it holds the lock (its pid is in the lock file), not after a guessed delay.
+    lock, deadline = os.path.join(root, ".lock"), time.time() + 300
+    while victim.poll() is None and time.time() < deadline and f"pid {victim.pid} " not in open(lock).read():
+        time.sleep(0.05)
+    if victim.poll() is not None or f"pid {victim.pid} " not in open(lock).read():
+        fail(f"the job to be killed never took the lock (exit {victim.returncode})")
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     proc = run([trainer, "--config", TINY, "--steps", "402", "--resume", "auto"] + sets(checkpoint__dir=root))

@@ -3,9 +3,12 @@
 
     check_preempt.py TRAINER CHECK
 
-A LLaMA whose steps take seconds (4 micro-batches per rank at 2 ranks) runs
-through scripts/launch, i.e. under mpirun. CHECK is one of:
-  term   `kill -TERM <launcher pid>` in the middle of a step, as a scheduler does:
+A small LLaMA with 4 micro-batches per rank at 2 ranks runs through
+scripts/launch, i.e. under mpirun. The test hook ST_TEST_HOLD_MICRO_BATCH=S
+holds step S after its first micro-batch until a stop signal arrives, and the
+signal is sent when the run says it is held there: never after a delay. CHECK is
+one of:
+  term   `kill -TERM <launcher pid>` in the middle of step 3, as a scheduler does:
          every rank stops at the next micro-batch boundary, the last completed
          step is committed as a checkpoint, and the launcher exits 0. Resuming
          from it gives the next step's loss bit-identical to an uninterrupted run.
@@ -24,53 +27,48 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_training import ROOT, fail, loss_by_step  # noqa: E402
 
 LAUNCH = os.path.join(ROOT, "scripts", "launch")
-# Seconds per step (F32, FULL_SHARD + recompute): about 3.7 s per step of 4 micro-batches on the 2-core
-# CI machine kind (Xeon with AVX-512/AMX, oneDNN GEMMs).
-SLOW = ["--config", "configs/llama-tiny.yaml", "--steps", "100000"]
-for kv in ("model.hidden_size=768", "model.intermediate_size=2048", "model.num_hidden_layers=4",
-           "model.num_attention_heads=12", "model.num_key_value_heads=12", "train.seq_len=512",
-           "model.max_position_embeddings=512", "train.global_batch_size=8", "train.micro_batch_size=1",
-           "fsdp.mixed_precision.param_dtype=f32",
+# 4 micro-batches per rank at 2 ranks, so a step has boundaries inside it where a stop can land.
+RUN = ["--config", "configs/llama-tiny.yaml", "--steps", "100000"]
+for kv in ("train.global_batch_size=8", "train.micro_batch_size=1", "fsdp.mixed_precision.param_dtype=f32",
            "optim.schedule.warmup_steps=0", "logging.interval=1"):
-    SLOW += ["--set", kv]
+    RUN += ["--set", kv]
 
 
-def start(trainer, extra, metrics):
-    cmd = [LAUNCH, "-np", "2", trainer] + SLOW + ["--set", f"logging.metrics_file={metrics}"] + extra
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(trainer, extra, metrics, hold_step):
+    """The launcher, with step hold_step held after its first micro-batch until a stop signal arrives."""
+    cmd = [LAUNCH, "-np", "2", trainer] + RUN + ["--set", f"logging.metrics_file={metrics}"] + extra
+    env = dict(os.environ, ST_TEST_HOLD_MICRO_BATCH=str(hold_step))
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def steps_logged(metrics):
-    if not os.path.exists(metrics):
-        return 0
-    with open(metrics) as f:
-        return len(f.readlines())
-
-
-def interrupt_mid_step(proc, metrics, sig, after_steps=2):
-    """Sends `sig` to the launcher about half-way through step after_steps + 1."""
-    deadline = time.time() + 240
-    while time.time() < deadline and steps_logged(metrics) < after_steps and proc.poll() is None:
-        time.sleep(0.05)
-    if proc.poll() is not None:
-        fail(f"the run ended early: {proc.communicate()[1][-2000:]}")
-    time.sleep(1.2)  # inside the next step, between micro-batches 1 and 3
+def interrupt_mid_step(proc, sig, hold_step):
+    """Sends `sig` to the launcher once step hold_step is held between micro-batches 1 and 2 (the test
+    hook says so on stderr), so the signal is known to land inside that step however busy the machine is."""
+    want = f"test hook: holding step {hold_step} after micro-batch 1"
+    seen = []
+    for line in proc.stderr:  # ends at EOF if the run dies first; the test's timeout guards a hang
+        seen.append(line)
+        if want in line:
+            break
+    else:
+        proc.wait()
+        fail(f"the run ended (exit {proc.returncode}) before step {hold_step} was held: {''.join(seen)[-2000:]}")
     t0 = time.time()
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=300)
-    return out, err, time.time() - t0
+    return out, "".join(seen) + err, time.time() - t0
 
 
 def check_term(trainer, tmp):
     root = os.path.join(tmp, "ckpt")
     metrics = os.path.join(tmp, "run.jsonl")
-    proc = start(trainer, ["--set", f"checkpoint.dir={root}", "--set", "checkpoint.interval=0"], metrics)
-    out, err, secs = interrupt_mid_step(proc, metrics, signal.SIGTERM)
+    proc = start(trainer, ["--set", f"checkpoint.dir={root}", "--set", "checkpoint.interval=0"], metrics, 3)
+    out, err, secs = interrupt_mid_step(proc, signal.SIGTERM, 3)
     logged = loss_by_step(metrics)
     k = max(logged)
     with open(os.path.join(root, "latest")) as f:
         latest = f.read().strip()
-    ok = (proc.returncode == 0 and f"stopped after step {k} of 100000 (SIGUSR1)" in err and
+    ok = (proc.returncode == 0 and k == 2 and f"stopped after step {k} of 100000 (SIGUSR1)" in err and
           f"stopping in step {k + 1} at a micro-batch boundary" in err and latest == f"step-{k:06d}" and
           os.path.exists(os.path.join(root, latest, "COMPLETE")))
     print(f"term: launcher exit {proc.returncode} {secs:.1f} s after SIGTERM; stopped in step {k + 1}, "
@@ -80,11 +78,11 @@ def check_term(trainer, tmp):
         fail("SIGTERM to the launcher did not end in a committed checkpoint of the last step and exit 0")
     # Resumed, step k+1 equals the uninterrupted run's step k+1 bit for bit.
     resumed_metrics = os.path.join(tmp, "resumed.jsonl")
-    resumed = subprocess.run([LAUNCH, "-np", "2", trainer] + SLOW +
+    resumed = subprocess.run([LAUNCH, "-np", "2", trainer] + RUN +
                              ["--set", f"checkpoint.dir={root}", "--set", f"logging.metrics_file={resumed_metrics}",
                               "--stop-after", str(k + 1)], cwd=ROOT, capture_output=True, text=True)
     full_metrics = os.path.join(tmp, "full.jsonl")
-    full = subprocess.run([LAUNCH, "-np", "2", trainer] + SLOW +
+    full = subprocess.run([LAUNCH, "-np", "2", trainer] + RUN +
                           ["--set", f"logging.metrics_file={full_metrics}", "--stop-after", str(k + 1)],
                           cwd=ROOT, capture_output=True, text=True)
     if resumed.returncode != 0 or full.returncode != 0:
@@ -98,18 +96,18 @@ def check_term(trainer, tmp):
 def check_int(trainer, tmp):
     root = os.path.join(tmp, "ckpt")
     metrics = os.path.join(tmp, "run.jsonl")
-    proc = start(trainer, ["--set", f"checkpoint.dir={root}", "--set", "checkpoint.interval=0"], metrics)
-    out, err, secs = interrupt_mid_step(proc, metrics, signal.SIGINT, after_steps=1)
+    proc = start(trainer, ["--set", f"checkpoint.dir={root}", "--set", "checkpoint.interval=0"], metrics, 2)
+    out, err, secs = interrupt_mid_step(proc, signal.SIGINT, 2)
     k = max(loss_by_step(metrics))
     with open(os.path.join(root, "latest")) as f:
         latest = f.read().strip()
     print(f"int: launcher exit {proc.returncode} {secs:.1f} s after SIGINT; latest = {latest}")
-    if proc.returncode != 0 or latest != f"step-{k:06d}":
+    if proc.returncode != 0 or k != 1 or latest != f"step-{k:06d}" or "stopping in step 2 at a micro-batch" not in err:
         sys.stderr.write(err[-3000:])
         fail("SIGINT to the launcher did not end in a committed checkpoint and exit 0")
     os.remove(metrics)
-    proc = start(trainer, [], metrics)
-    out, err, secs = interrupt_mid_step(proc, metrics, signal.SIGINT, after_steps=1)
+    proc = start(trainer, [], metrics, 2)
+    out, err, secs = interrupt_mid_step(proc, signal.SIGINT, 2)
     print(f"int: without checkpoint.dir: exit {proc.returncode}, "
           f"{'says nothing was saved' if 'nothing was saved' in err else 'SILENT'}")
     if proc.returncode != 0 or "no checkpoint.dir, so nothing was saved" not in err:
