@@ -6,7 +6,6 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <thread>
 
@@ -33,9 +32,10 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep) {
 
 // What `latest` names now, for messages about a save that did not commit.
 std::string latest_note(const std::string& root) {
-  std::ifstream in(fs::path(root) / latest_file_name);
-  std::string name;
-  if (in >> name) return format("latest still names {}", name);
+  // read_small_file: `latest` may be damaged, huge or a FIFO; this message must not block.
+  const std::optional<std::string> text = read_small_file(fs::path(root) / latest_file_name, nullptr);
+  const std::string name = text ? trim_space(*text) : std::string();
+  if (!name.empty() && name.find_first_of(" \t\r\n") == std::string::npos) return format("latest still names {}", name);
   return "no checkpoint was committed before";
 }
 

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 #include <utility>
 
@@ -183,16 +181,24 @@ std::optional<std::string> read_small_file(const std::filesystem::path& path, st
   if (!fs::exists(st)) return fail("does not exist");
   if (!fs::is_regular_file(st))
     return fail(fs::is_directory(st) ? "is a directory, not a file" : "is not a regular file");
-  constexpr uintmax_t kMaxBytes = 1 << 20;  // a marker lists a few files; anything larger is not ours
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec || size > kMaxBytes)
-    return fail(ec ? "cannot be read: " + ec.message() : format("has {} bytes, too many", size));
-  std::ifstream in(path, std::ios::binary);
-  if (!in.good()) return fail("cannot be opened: " + errno_text());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return fail("cannot be read: " + errno_text());
-  return ss.str();
+  // The status above can be stale by the time the file opens (a FIFO put in
+  // its place would block a plain open): open without blocking, check again.
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (!fd.valid()) return fail("cannot be opened: " + errno_text(errno));
+  struct stat fst {};
+  if (::fstat(fd.get(), &fst) != 0 || !S_ISREG(fst.st_mode)) return fail("is not a regular file");
+  constexpr size_t kMaxBytes = 1 << 20;  // a marker lists a few files; anything larger is not ours
+  if (static_cast<uintmax_t>(fst.st_size) > kMaxBytes) return fail(format("has {} bytes, too many", fst.st_size));
+  std::string text;
+  char block[1 << 14];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), block, sizeof block);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail("cannot be read: " + errno_text(errno));
+    if (n == 0) return text;
+    if (text.size() + static_cast<size_t>(n) > kMaxBytes) return fail("grew past 1 MiB while being read");
+    text.append(block, static_cast<size_t>(n));
+  }
 }
 
 std::string trim_space(std::string s) {
