@@ -5,6 +5,7 @@ namespace st {
 
 void visit_keys(CheckpointConfig& k, const KeyVisitor& v) {
   v({"dir", "where checkpoints go; empty disables saving"}, k.dir);
+  v({"shared", "auto (detect) | true (all hosts see one file system) | false (each host its own disk)"}, k.shared);
   v({"interval", "save every N steps; 0 = only at the end of the run"}, k.interval);
   v({"format", "unified (HF safetensors) | sharded (one file per rank)"}, k.format);
   v({"async", "write in a background thread while training goes on"}, k.async);

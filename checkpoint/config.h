@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "checkpoint/index.h"
+#include "checkpoint/topology.h"
 #include "core/config.h"
 
 namespace st {
@@ -27,6 +28,7 @@ struct UnifiedOptions {
 // clang-format off
 struct CheckpointConfig {
   std::string dir;                     // where checkpoints go; empty disables saving
+  checkpoint::SharedStorage shared = checkpoint::SharedStorage::Auto;  // auto (detect) | true (all hosts see one file system) | false (each host its own disk)
   int64_t interval = 0;                // save every N steps; 0 = only at the end of the run
   checkpoint::Layout format = checkpoint::Layout::Unified;  // unified (HF safetensors) | sharded (one file per rank)
   bool async = false;                  // write in a background thread while training goes on

@@ -160,8 +160,8 @@ fs::path move_checkpoints_aside(const fs::path& root) {
   return aside;
 }
 
-std::optional<DirectoryLock> open_run_root(const std::string& dir, bool fresh, bool overwrite, ProcessGroup& world,
-                                           Logger& log) {
+RunRoot open_run_root(const std::string& dir, SharedStorage shared, bool fresh, bool overwrite, ProcessGroup& world,
+                      Logger& log) {
   // The probe first, so an unusable directory is reported as such rather than
   // as a lock file that cannot be created; its file names are this process's
   // own, so probing a directory another job holds disturbs nothing.
@@ -172,13 +172,17 @@ std::optional<DirectoryLock> open_run_root(const std::string& dir, bool fresh, b
       ST_FAIL("checkpoint.dir {}", e.message());
     }
   });
-  std::optional<DirectoryLock> lock;
+  RunRoot out;
+  out.topology = detect_storage(dir, shared, world);
+  log.info0("{}", out.topology.describe(dir));
+  const bool owner = out.topology.shared ? world.rank() == 0 : out.topology.leads_host(world.rank());
+  const std::string where = out.topology.shared ? std::string() : format(" on host {}", host_name());
   run_on_every_rank(world, [&] {
-    if (world.rank() != 0) return;
+    if (!owner) return;
     try {
-      lock.emplace(dir);
+      out.lock.emplace(dir);
     } catch (const Error& e) {
-      ST_FAIL("checkpoint.dir {}", e.message());
+      ST_FAIL("checkpoint.dir {}{}", e.message(), where);
     }
     if (!fresh) return;
     const std::vector<std::string> steps = step_dirs(dir);
@@ -186,17 +190,17 @@ std::optional<DirectoryLock> open_run_root(const std::string& dir, bool fresh, b
     if (steps.empty() && !fs::exists(fs::symlink_status(fs::path(dir) / latest_file_name, ec))) return;
     if (overwrite) {
       const fs::path aside = move_checkpoints_aside(dir);
-      log.info0("--overwrite: moved {} checkpoint(s) of the earlier run in {} to {}; starting from step 0",
-                steps.size(), dir, aside.string());
+      log.info("--overwrite: moved {} checkpoint(s) of the earlier run in {}{} to {}; starting from step 0",
+               steps.size(), dir, where, aside.string());
       return;
     }
     ST_FAIL(
-        "checkpoint.dir '{}' already holds checkpoints (the newest is {}); a new run there would mix with "
+        "checkpoint.dir '{}'{} already holds checkpoints (the newest is {}); a new run there would mix with "
         "them. Continue that run with --resume auto, start over with --overwrite (moves them aside, deletes "
         "nothing), or choose another checkpoint.dir",
-        dir, steps.empty() ? std::string(latest_file_name) : steps.back());
+        dir, where, steps.empty() ? std::string(latest_file_name) : steps.back());
   });
-  return lock;
+  return out;
 }
 
 void check_free_space(const std::string& root, int64_t need, ProcessGroup& group, Logger& log) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/topology.h"
 #include "core/comm.h"
 #include "core/log.h"
 
@@ -58,18 +59,26 @@ std::vector<std::string> step_dirs(const std::filesystem::path& root);
 /// naming the path on I/O failure.
 std::filesystem::path move_checkpoints_aside(const std::filesystem::path& root);
 
+/// A run's hold on its checkpoint root.
+struct RunRoot {
+  std::optional<DirectoryLock> lock;  // on the ranks that own a root (rank 0, or each host's lowest rank)
+  StorageTopology topology;           // shared or node-local (topology.h)
+};
+
 /// Start-up checks of a run's checkpoint root, before the model is built, so
 /// a run that could not save fails in its first second. Collective; every
 /// rank throws the same error, naming `root` as checkpoint.dir. Every rank
-/// creates the root and writes, fsyncs and removes a probe file; rank 0 takes
-/// the root's lock (held by the returned object for the run: a second job on
-/// the same root fails here). Then, for a fresh start (`fresh`) in a root that
-/// already holds checkpoints: with `overwrite` rank 0 moves them aside
-/// (move_checkpoints_aside), otherwise every rank fails naming the newest
-/// one, so that two runs never mix in one directory. nullopt on ranks other
-/// than 0.
-std::optional<DirectoryLock> open_run_root(const std::string& root, bool fresh, bool overwrite, ProcessGroup& group,
-                                           Logger& log);
+/// creates the root and writes, fsyncs and removes a probe file; then the
+/// ranks find out whether they share it (detect_storage, logged in one line).
+/// The owner of each root (rank 0 when it is shared, the lowest rank of each
+/// host when it is node-local) takes its lock (held by the returned object
+/// for the run: a second job on the same root fails here). Then, for a fresh
+/// start (`fresh`) in a root that already holds checkpoints: with `overwrite`
+/// each owner moves them aside (move_checkpoints_aside), otherwise every rank
+/// fails naming the newest one and its host, so that two runs never mix in
+/// one directory.
+RunRoot open_run_root(const std::string& root, SharedStorage shared, bool fresh, bool overwrite, ProcessGroup& group,
+                      Logger& log);
 
 /// Collective: an error when root's file system has room for less than one
 /// checkpoint of `checkpoint_bytes`, a warning (rank 0) below two.

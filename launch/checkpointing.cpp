@@ -91,8 +91,19 @@ void check_checkpoint_config(const Config& config, const std::string& resume, bo
 std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& config, ProcessGroup& world,
                                                                 const std::string& resume, bool overwrite,
                                                                 Logger& log) {
-  if (config.checkpoint.dir.empty()) return std::nullopt;
-  return checkpoint::open_run_root(config.checkpoint.dir, resume == "never", overwrite, world, log);
+  const CheckpointConfig& c = config.checkpoint;
+  if (c.dir.empty()) return std::nullopt;
+  checkpoint::RunRoot root = checkpoint::open_run_root(c.dir, c.shared, resume == "never", overwrite, world, log);
+  if (!root.topology.shared) {
+    // Saving and resuming across node-local roots (issue 23) is not built yet:
+    // refuse now rather than at the first save, hours later.
+    throw AgreedError(format("checkpoint.dir '{}' is on each host's own disk ({} hosts); saving checkpoints to "
+                             "node-local disks is not supported yet: use a directory every host shares (NFS, "
+                             "Lustre, ...), or set checkpoint.shared: true if it is shared and was detected wrongly",
+                             c.dir, root.topology.host_count()),
+                      __FILE__, __LINE__);
+  }
+  return std::move(root.lock);
 }
 
 Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, optim::Optimizer& optimizer,

@@ -26,6 +26,7 @@
 #include "checkpoint/fs.h"
 #include "checkpoint/resume.h"
 #include "checkpoint/state.h"
+#include "checkpoint/topology.h"
 #include "core/error.h"
 #include "tests/test_util.h"
 
@@ -817,6 +818,55 @@ TEST(CrashSafety, KillAtEveryStageOfResaveOfLatestStep) {
     int k = stage_index(point.stage);
     EXPECT_EQ(fs::file_size(tmp.path() / "step-000200" / "model.safetensors"), k >= renamed ? 300u : 100u);
   }
+}
+
+// ---- Shared or node-local checkpoint.dir (topology.h) ----
+
+TEST(StorageTopology, HostsInTheOrderOfTheirLowestRank) {
+  const std::vector<std::string> hosts{"b", "b", "a", "b", "a"};
+  const StorageTopology t = group_hosts(hosts);
+  EXPECT_EQ(t.hosts, (std::vector<std::string>{"b", "a"}));
+  EXPECT_EQ(t.host_of_rank, (std::vector<int>{0, 0, 1, 0, 1}));
+  EXPECT_EQ(t.ranks_of_host(0), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(t.ranks_of_host(1), (std::vector<int>{2, 4}));
+  EXPECT_TRUE(t.leads_host(0));
+  EXPECT_FALSE(t.leads_host(1));
+  EXPECT_TRUE(t.leads_host(2));
+  EXPECT_FALSE(t.leads_host(4));
+}
+
+TEST(StorageTopology, SharedWhenEveryRankSeesEveryHostsToken) {
+  const std::vector<std::string> hosts{"h1", "h1", "h2", "h2"};
+  const std::vector<std::set<int>> seen(4, std::set<int>{0, 1});
+  const StorageTopology t = classify_storage("/ckpt", hosts, seen);
+  EXPECT_TRUE(t.shared);
+  EXPECT_EQ(t.describe("/ckpt"), "checkpoint.dir /ckpt: one file system shared by the 2 hosts h1, h2 (detected)");
+}
+
+TEST(StorageTopology, NodeLocalWhenEachHostSeesOnlyItsOwn) {
+  const std::vector<std::string> hosts{"h1", "h1", "h2", "h2"};
+  const std::vector<std::set<int>> seen{{0}, {0}, {1}, {1}};
+  const StorageTopology t = classify_storage("/local/ckpt", hosts, seen);
+  EXPECT_FALSE(t.shared);
+  EXPECT_EQ(t.describe("/local/ckpt"),
+            "checkpoint.dir /local/ckpt: node-local, each of the 2 hosts h1, h2 has its own (detected)");
+}
+
+TEST(StorageTopology, AMixOfSharedAndLocalIsAnErrorNamingWhatEachRankSees) {
+  // h1 and h2 share a file system, h3 has its own.
+  const std::vector<std::string> hosts{"h1", "h2", "h3"};
+  const std::vector<std::set<int>> seen{{0, 1}, {0, 1}, {2}};
+  const std::string e = error_of([&] { classify_storage("/ck", hosts, seen); });
+  EXPECT_NE(e.find("checkpoint.dir '/ck' is neither shared by all hosts nor separate on each"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 0 on h1 sees the files of h1, h2; rank 1 on h2 sees the files of h1, h2; rank 2 on h3 "
+                   "sees the files of h3"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("checkpoint.shared: true | false"), std::string::npos) << e;
+  // A rank that saw nothing at all (not even its own host's token).
+  const std::vector<std::set<int>> blind{{0}, {}, {2}};
+  EXPECT_NE(error_of([&] { classify_storage("/ck", hosts, blind); }).find("rank 1 on h2 sees the files of no host"),
+            std::string::npos);
 }
 
 }  // namespace
