@@ -70,13 +70,20 @@ void Saver::save(std::span<const StateEntry> entries, TrainerState state, std::v
   f->start = Clock::now();
   std::string tmp;
   run_on_every_rank(group_, [&] {
-    if (group_.rank() != 0) return;
+    if (!owns_root()) return;
     f->pending.emplace(options_.root, state.step);
     tmp = f->pending->path().string();
   });
-  // Every rank writes into rank 0's temporary directory, named with rank 0's pid.
-  tmp = broadcast_string(group_, tmp);
-  f->staged.emplace(stage_save(tmp, entries, options_.save, group_));
+  // Every rank writes into its root owner's temporary directory (rank 0's, or
+  // on node-local disks that of its host's lowest rank), named with its pid.
+  const StorageTopology& topo = options_.topology;
+  if (topo.shared) {
+    tmp = broadcast_string(group_, tmp);
+  } else {
+    const int host = topo.host_of_rank[static_cast<size_t>(group_.rank())];
+    tmp = all_gather_strings(group_, tmp)[static_cast<size_t>(topo.ranks_of_host(host).front())];
+  }
+  f->staged.emplace(stage_save(tmp, entries, options_.save, group_, topo));
   f->total_bytes = f->staged->total_bytes();
   const SaveOptions& o = options_.save;
   const bool unified = o.layout == Layout::Unified;
@@ -123,8 +130,13 @@ void Saver::finish_in_flight() {
     if (dynamic_cast<const AgreedError*>(&e) != nullptr) throw AgreedError(message, __FILE__, __LINE__);
     throw Error(message, __FILE__, __LINE__);
   }
+  // Node-local roots: every host publishes its part before any `latest`
+  // moves, and every `latest` moves before retention deletes anything, so a
+  // kill at any moment leaves each host's `latest` on a step the hosts hold
+  // complete between them. On one shared root the three phases are commit().
+  const std::vector<std::string> elsewhere = f->staged->elsewhere();
   run_on_every_rank(group_, [&] {
-    if (group_.rank() != 0) return;
+    if (!owns_root()) return;
     const fs::path dir = f->pending->path();
     write_file_synced(dir / trainer_state_file_name, trainer_state_text(f->state));
     files.emplace_back(trainer_state_file_name);
@@ -133,11 +145,18 @@ void Saver::finish_in_flight() {
       files.push_back(x.name);
     }
     moved_aside = keep_earlier_step(f->step);
-    f->pending->commit(files);
+    f->pending->publish(files, elsewhere);
     committed_.insert(f->step);
     damaged_.erase(f->step);  // what was damaged at this step is now this run's own save
+  });
+  run_on_every_rank(group_, [&] {
+    if (!owns_root()) return;
+    f->pending->point_latest();
     latest_kept = f->pending->latest_kept();
-    retention = apply_retention(options_.root, {options_.keep_last, resumed_from_, committed_, damaged_});
+  });
+  run_on_every_rank(group_, [&] {
+    if (owns_root())
+      retention = apply_retention(options_.root, {options_.keep_last, resumed_from_, committed_, damaged_});
   });
   const double secs = since(f->start);
   log_.info0("saved checkpoint {}/{} ({}{}): {} in {:.3f} s ({:.3f} GB/s), training blocked {:.3f} s", options_.root,
@@ -152,6 +171,10 @@ void Saver::finish_in_flight() {
         "when it is not needed",
         step_dir_name(f->step), step_dir_name(resumed_from_), moved_aside);
   warn_kept(retention.kept_damaged, latest_kept, f->step);
+}
+
+bool Saver::owns_root() const {
+  return options_.topology.shared ? group_.rank() == 0 : options_.topology.leads_host(group_.rank());
 }
 
 std::string Saver::keep_earlier_step(int64_t step) {

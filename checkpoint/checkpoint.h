@@ -23,6 +23,7 @@
 #include "checkpoint/index.h"
 #include "checkpoint/resume.h"
 #include "checkpoint/state.h"
+#include "checkpoint/topology.h"
 #include "core/comm.h"
 #include "core/log.h"
 #include "core/state.h"
@@ -64,6 +65,9 @@ class StagedSave {
   /// names of every file of the checkpoint written so far (for the COMPLETE
   /// marker), on other ranks an empty list.
   std::vector<std::string> finish();
+  /// On the owner of a node-local root, after finish(): the files of the
+  /// checkpoint that other hosts hold (for its COMPLETE marker); else empty.
+  std::vector<std::string> elsewhere() const;
   /// Bytes of tensor data this rank writes.
   int64_t bytes() const;
   /// Bytes of tensor data all ranks write together (known after stage_save).
@@ -75,10 +79,14 @@ class StagedSave {
 
 /// Collective over `group`, blocking: agrees who writes what (only the list
 /// of entries travels, never their data) and, with options.snapshot, copies
-/// the data this rank writes into buffers of its own. `dir` must exist and be
-/// shared by all ranks. The group must outlive the StagedSave.
+/// the data this rank writes into buffers of its own. `dir` must exist on
+/// every rank: one directory all ranks share, or, with a node-local
+/// `topology`, each host's own (then each file is written whole by the host
+/// of its header rank: pieces held on other hosts are sent there now, and
+/// the owner of every host's root writes the indexes into it). The group
+/// must outlive the StagedSave.
 StagedSave stage_save(const std::string& dir, std::span<const StateEntry> entries, const SaveOptions& options,
-                      ProcessGroup& group);
+                      ProcessGroup& group, const StorageTopology& topology = {});
 
 /// stage_save + write + finish.
 std::vector<std::string> save(const std::string& dir, std::span<const StateEntry> entries, const SaveOptions& options,
@@ -120,6 +128,7 @@ struct RunOptions {
   SaveOptions save;       // layout, model weights (snapshot follows `async`)
   bool async = false;     // write in a background thread; training waits only for the host copy
   int64_t keep_last = 0;  // retention (commit.h, apply_retention); <= 0 keeps all
+  StorageTopology topology;  // shared by all ranks (default), or a root on each host's own disk
 };
 
 /// A small file written beside the tensors of a checkpoint (config.json,
@@ -174,12 +183,14 @@ class Saver {
   // Rank 0, before committing `step`: moves an existing step directory the run
   // must not overwrite to root/replaced-step-NNNNNN-<pid>; returns where ("" when none).
   std::string keep_earlier_step(int64_t step);
+  // Whether this rank commits into a root: rank 0 of a shared one, the lowest rank of each host for node-local ones.
+  bool owns_root() const;
 
   RunOptions options_;
   ProcessGroup& group_;
   Logger& log_;
   std::unique_ptr<InFlight> in_flight_;
-  // Rank 0: what retention must keep (RetentionRules), and what was already warned about.
+  // Root owners: what retention must keep (RetentionRules), and what was already warned about.
   int64_t resumed_from_ = 0;
   std::map<int64_t, std::string> damaged_;
   std::set<int64_t> committed_;

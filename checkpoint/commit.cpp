@@ -67,7 +67,9 @@ PendingCheckpoint::PendingCheckpoint(PendingCheckpoint&& other) noexcept
       path_(std::move(other.path_)),
       step_(other.step_),
       hook_(std::move(other.hook_)),
-      committed_(other.committed_) {
+      committed_(other.committed_),
+      latest_kept_(other.latest_kept_),
+      latest_pointed_(other.latest_pointed_) {
   other.path_.clear();
   other.committed_ = true;  // the moved-from object owns nothing to clean up
 }
@@ -105,11 +107,11 @@ fs::path PendingCheckpoint::move_into_place() const {
   return old_copy;
 }
 
-void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
+void PendingCheckpoint::publish(const std::vector<std::string>& files_written, const std::vector<std::string>& elsewhere) {
   ST_CHECK(!committed_, "checkpoint {} was already committed", final_path().string());
   stage("commit_begin");
 
-  const std::string marker = complete_marker_text(path_, step_, files_written);
+  const std::string marker = complete_marker_text(path_, step_, files_written, elsewhere);
   stage("files_synced");
   write_file_synced(path_ / complete_marker_name, marker, [&] { stage("marker_written"); });
   stage("marker_synced");
@@ -125,7 +127,16 @@ void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
   stage("root_synced");
   if (!old_copy.empty()) remove_tree(old_copy);
   stage("old_step_removed");
+}
 
+void PendingCheckpoint::commit(const std::vector<std::string>& files_written) {
+  publish(files_written);
+  point_latest();
+}
+
+void PendingCheckpoint::point_latest() {
+  ST_CHECK(committed_ && !latest_pointed_, "latest of {}: publish() first, and once", final_path().string());
+  latest_pointed_ = true;
   // `latest` never moves back past a step that is still there: that one may be
   // a damaged checkpoint the user means to repair (only --overwrite starts over).
   if (const std::optional<int64_t> current = latest_step(root_); current && *current > step_) {

@@ -80,6 +80,12 @@ class PendingCheckpoint {
   /// and latest_kept() says which.
   /// Throws st::Error naming the path on I/O failure or a second call.
   void commit(const std::vector<std::string>& files_written);
+  /// commit()'s first half, for a checkpoint spread over node-local roots:
+  /// up to the rename into final_path() (the marker also lists `elsewhere`,
+  /// the files other hosts hold). Then committed() is true.
+  void publish(const std::vector<std::string>& files_written, const std::vector<std::string>& elsewhere = {});
+  /// commit()'s second half, once every host has published: replaces `latest`.
+  void point_latest();
   /// The newer step `latest` still names because commit() did not move it back; nullopt when it moved.
   std::optional<int64_t> latest_kept() const noexcept { return latest_kept_; }
 
@@ -96,6 +102,7 @@ class PendingCheckpoint {
   CommitHook hook_;
   bool committed_ = false;
   std::optional<int64_t> latest_kept_;
+  bool latest_pointed_ = false;
 };
 
 /// Steps of the complete checkpoints (see incomplete_reason) among root's

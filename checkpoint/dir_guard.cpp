@@ -90,6 +90,14 @@ DirectoryLock::~DirectoryLock() {
 
 DirectoryLock::DirectoryLock(DirectoryLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
 
+DirectoryLock& DirectoryLock::operator=(DirectoryLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
 void probe_writable_dir(const fs::path& root, const std::string& probe_name) {
   std::error_code ec;
   fs::create_directories(root, ec);

@@ -31,7 +31,7 @@ class DirectoryLock {
   explicit DirectoryLock(const std::filesystem::path& root);
   ~DirectoryLock();
   DirectoryLock(DirectoryLock&& other) noexcept;
-  DirectoryLock& operator=(DirectoryLock&&) = delete;
+  DirectoryLock& operator=(DirectoryLock&& other) noexcept;
   DirectoryLock(const DirectoryLock&) = delete;
   DirectoryLock& operator=(const DirectoryLock&) = delete;
 

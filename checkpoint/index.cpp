@@ -399,6 +399,15 @@ CompleteMarker read_complete_marker(const fs::path& dir) {
   }
   out.step = *step;
   while (std::getline(in, line)) {
+    if (line.starts_with("elsewhere ")) {
+      std::string name = line.substr(10);
+      if (!is_plain_file_name(name)) {
+        out.problem = format("COMPLETE marker has a bad line '{}'", line);
+        return out;
+      }
+      out.elsewhere.push_back(std::move(name));
+      continue;
+    }
     std::istringstream fields(line);
     std::string kind;
     MarkerFile file;
@@ -417,8 +426,13 @@ CompleteMarker read_complete_marker(const fs::path& dir) {
   return out;
 }
 
-std::string complete_marker_text(const fs::path& dir, int64_t step, const std::vector<std::string>& files_written) {
+std::string complete_marker_text(const fs::path& dir, int64_t step, const std::vector<std::string>& files_written,
+                                 const std::vector<std::string>& elsewhere) {
   std::string marker = marker_body(dir, step, files_written);
+  for (const std::string& name : elsewhere) {
+    ST_CHECK(is_plain_file_name(name), "checkpoint file name '{}' must be a plain file name", name);
+    marker += format("elsewhere {}\n", name);
+  }
   return marker + "crc32c " + crc_hex(marker) + "\n";
 }
 
@@ -454,6 +468,17 @@ std::string incomplete_reason(const fs::path& dir, int64_t step) {
     for (const std::string& name : missing) names += (names.empty() ? "" : ", ") + name;
     return format("{} files are missing: {}", missing.size(), names);
   }
+  // One host's part of a checkpoint saved to node-local disks: whole only
+  // with the other hosts' files beside it (copied here) or on hosts that join.
+  std::string away;
+  int n_away = 0;
+  for (const std::string& name : marker.elsewhere) {
+    std::error_code size_ec;
+    (void)fs::file_size(dir / name, size_ec);
+    if (!size_ec) continue;
+    away += (n_away++ ? ", " : "") + name;
+  }
+  if (n_away > 0) return format("holds one host's part: {} file(s) are on other hosts ({})", n_away, away);
   return {};
 }
 

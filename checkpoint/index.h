@@ -177,7 +177,10 @@ std::string marker_file_problem(const std::filesystem::path& dir, const MarkerFi
 /// A COMPLETE marker as read back, without looking at the files it lists.
 struct CompleteMarker {
   int64_t step = -1;
-  std::vector<MarkerFile> files;
+  std::vector<MarkerFile> files;  // the files this directory holds
+  /// Files of the same checkpoint that other hosts hold (node-local roots,
+  /// checkpoint/topology.h); empty for a checkpoint whole in one directory.
+  std::vector<std::string> elsewhere;
   std::string problem;  // empty when the marker exists, passes its crc32c check and parses
 };
 
@@ -191,7 +194,8 @@ CompleteMarker read_complete_marker(const std::filesystem::path& dir);
 /// marker never vouches for data that is not yet durable. Throws st::Error
 /// naming a file that cannot be read.
 std::string complete_marker_text(const std::filesystem::path& dir, int64_t step,
-                                 const std::vector<std::string>& files_written);
+                                 const std::vector<std::string>& files_written,
+                                 const std::vector<std::string>& elsewhere = {});
 
 /// Fsyncs `files_written` (plain names inside `dir`), writes a COMPLETE marker
 /// for `step` listing them with their sizes, and fsyncs the marker and `dir`.

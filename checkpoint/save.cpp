@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <set>
 
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
@@ -88,6 +89,7 @@ struct StagedSave::Impl {
   std::string dir;
   ProcessGroup* group = nullptr;
   SaveOptions options;
+  StorageTopology topology;  // node-local roots: each file is written whole by its owner's host
   GlobalView view;
   SavePlan plan;
   std::map<size_t, Tensor> sources;  // entry index -> host data this rank writes from
@@ -104,6 +106,12 @@ struct StagedSave::Impl {
   std::vector<Task> tasks() const;
   PieceSum run(const Task& task, int fd, std::vector<std::byte>& scratch) const;
   void write_files();
+  // Node-local: the rank whose host holds file f (its header rank), and
+  // whether this rank owns a checkpoint root (writes the indexes there).
+  int home_rank(size_t f) const { return plan.files[f].header_rank; }
+  bool on_my_host(size_t f) const;
+  bool owns_root() const;
+  void route_pieces_home(size_t n_entries);
 };
 
 StagedSave::StagedSave(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -199,6 +207,80 @@ void StagedSave::Impl::write_files() {
   for (auto& [f, fd] : fds) fd.close_checked((fs::path(dir) / plan.files[f].name).string());
 }
 
+bool StagedSave::Impl::on_my_host(size_t f) const {
+  return topology.shared || topology.host_of_rank[static_cast<size_t>(home_rank(f))] ==
+                                topology.host_of_rank[static_cast<size_t>(group->rank())];
+}
+
+bool StagedSave::Impl::owns_root() const {
+  return topology.shared ? group->rank() == 0 : topology.leads_host(group->rank());
+}
+
+// Node-local roots: every piece a rank holds for a file that another host
+// writes travels (all_to_allv) to that file's header rank, which writes it
+// from a buffer of its own (entry index n_entries + k). Every rank derives
+// all ranks' writes from the same plan, so both sides agree on the order.
+void StagedSave::Impl::route_pieces_home(size_t n_entries) {
+  const int rank = group->rank();
+  const int world = group->size();
+  const auto host = [&](int r) { return topology.host_of_rank[static_cast<size_t>(r)]; };
+  std::vector<std::vector<PieceWrite>> writes(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r)
+    writes[static_cast<size_t>(r)] =
+        r == rank ? plan.writes
+                  : (plan.layout == Layout::Unified ? plan_unified(view, options, r, world) : plan_sharded(view, r, world))
+                        .writes;
+  const auto moved = [&](int r, const PieceWrite& w) { return host(r) != host(home_rank(w.file)); };
+  const auto bytes_of = [&](const PieceWrite& w) {
+    const FileTensor& ft = plan.files[w.file].tensors[w.tensor];
+    return w.numel * static_cast<int64_t>(dtype_size(view.tensors.at(ft.id).dtype));
+  };
+  // Counts in BF16 elements (2 bytes): every piece is a whole number of them.
+  std::vector<int64_t> send(static_cast<size_t>(world), 0), recv(static_cast<size_t>(world), 0);
+  for (const PieceWrite& w : plan.writes)
+    if (moved(rank, w)) send[static_cast<size_t>(home_rank(w.file))] += bytes_of(w) / 2;
+  for (int r = 0; r < world; ++r)
+    for (const PieceWrite& w : writes[static_cast<size_t>(r)])
+      if (moved(r, w) && home_rank(w.file) == rank) recv[static_cast<size_t>(r)] += bytes_of(w) / 2;
+  int64_t n_send = 0, n_recv = 0;
+  for (int r = 0; r < world; ++r) n_send += send[static_cast<size_t>(r)], n_recv += recv[static_cast<size_t>(r)];
+  Tensor out_buf = Tensor::empty({n_send}, DType::BF16);
+  auto* at = static_cast<std::byte*>(out_buf.raw_data());
+  for (int dest = 0; dest < world; ++dest)
+    for (const PieceWrite& w : plan.writes) {
+      if (!moved(rank, w) || home_rank(w.file) != dest) continue;
+      const Tensor& src = sources.at(w.entry);
+      const size_t esize = dtype_size(src.dtype());
+      std::memcpy(at, static_cast<const std::byte*>(src.raw_data()) + static_cast<size_t>(w.entry_elem) * esize,
+                  static_cast<size_t>(w.numel) * esize);
+      at += static_cast<size_t>(w.numel) * esize;
+    }
+  Tensor in_buf = Tensor::empty({n_recv}, DType::BF16);
+  group->all_to_allv(in_buf, recv, out_buf, send).wait();
+  // This rank's writes now: its own pieces of files its host holds, then what it received.
+  std::vector<PieceWrite> mine;
+  std::set<size_t> used;
+  for (const PieceWrite& w : plan.writes)
+    if (!moved(rank, w)) mine.push_back(w), used.insert(w.entry);
+  const auto* from = static_cast<const std::byte*>(in_buf.raw_data());
+  size_t next = n_entries;
+  for (int r = 0; r < world; ++r)
+    for (const PieceWrite& w : writes[static_cast<size_t>(r)]) {
+      if (!moved(r, w) || home_rank(w.file) != rank) continue;
+      const DType dtype = view.tensors.at(plan.files[w.file].tensors[w.tensor].id).dtype;
+      Tensor piece = Tensor::empty({w.numel}, dtype);
+      std::memcpy(piece.raw_data(), from, static_cast<size_t>(bytes_of(w)));
+      from += bytes_of(w);
+      sources.emplace(next, std::move(piece));
+      mine.push_back({w.file, w.tensor, w.elem, w.numel, next, 0});
+      used.insert(next++);
+    }
+  std::erase_if(sources, [&](const auto& kv) { return !used.contains(kv.first); });
+  plan.writes = std::move(mine);
+  plan.bytes = 0;
+  for (const PieceWrite& w : plan.writes) plan.bytes += bytes_of(w);
+}
+
 void StagedSave::write() {
   Impl& s = *impl_;
   s.error = error_message_of([&] { s.write_files(); });
@@ -279,11 +361,12 @@ std::vector<std::string> StagedSave::finish() {
   });
   std::vector<std::string> names;
   run_on_every_rank(group, [&] {
-    if (group.rank() != 0) return;
+    if (!s.owns_root()) return;
     const std::vector<std::pair<std::string, std::string>> indexes =
         s.plan.layout == Layout::Unified ? unified_indexes(s.plan, crcs, group.size())
                                          : sharded_index(s.plan, s.view, crcs, group.size());
-    for (const FilePlan& f : s.plan.files) names.push_back(f.name);
+    for (size_t f = 0; f < s.plan.files.size(); ++f)
+      if (s.on_my_host(f)) names.push_back(s.plan.files[f].name);
     const std::string error = error_message_of([&] {
       for (const auto& [name, text] : indexes) {
         write_file_atomic(fs::path(s.dir) / name, text);
@@ -295,13 +378,22 @@ std::vector<std::string> StagedSave::finish() {
   return names;
 }
 
+std::vector<std::string> StagedSave::elsewhere() const {
+  std::vector<std::string> out;
+  if (!impl_->owns_root()) return out;
+  for (size_t f = 0; f < impl_->plan.files.size(); ++f)
+    if (!impl_->on_my_host(f)) out.push_back(impl_->plan.files[f].name);
+  return out;
+}
+
 StagedSave stage_save(const std::string& dir, std::span<const StateEntry> entries, const SaveOptions& options,
-                      ProcessGroup& group) {
+                      ProcessGroup& group, const StorageTopology& topology) {
   auto impl = std::make_unique<StagedSave::Impl>();
   StagedSave::Impl& s = *impl;
   s.dir = dir;
   s.group = &group;
   s.options = options;
+  s.topology = topology;
   s.view = gather_view(entries, group);
   run_on_every_rank(group, [&] {
     s.plan = options.layout == Layout::Unified ? plan_unified(s.view, options, group.rank(), group.size())
@@ -311,12 +403,13 @@ StagedSave stage_save(const std::string& dir, std::span<const StateEntry> entrie
       if (s.sources.count(w.entry) == 0)
         s.sources.emplace(w.entry, host_source(entries[w.entry].local, options.snapshot));
   });
+  if (!topology.shared) s.route_pieces_home(entries.size());
   return StagedSave(std::move(impl));
 }
 
 std::vector<std::string> save(const std::string& dir, std::span<const StateEntry> entries, const SaveOptions& options,
                               ProcessGroup& group) {
-  StagedSave staged = stage_save(dir, entries, options, group);
+  StagedSave staged = stage_save(dir, entries, options, group, StorageTopology{});
   staged.write();
   return staged.finish();
 }

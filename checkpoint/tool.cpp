@@ -471,6 +471,24 @@ std::set<std::string> check_marker(const fs::path& dir, const CompleteMarker& ma
     listed.insert(f.name);
     if (std::string problem = marker_file_problem(dir, f); !problem.empty()) problems.push_back(problem);
   }
+  // A host's part of a checkpoint saved to node-local disks: the other hosts'
+  // files count once copied beside it (their data is checked by the index's checksums).
+  std::vector<std::string> away;
+  for (const std::string& name : marker.elsewhere) {
+    std::error_code ec;
+    if (fs::is_regular_file(dir / name, ec)) {
+      listed.insert(name);
+    } else {
+      away.push_back(name);
+    }
+  }
+  if (!away.empty()) {
+    std::string names;
+    for (const std::string& n : away) names += (names.empty() ? "" : ", ") + n;
+    problems.push_back(format("partial: this directory holds one host's part of a checkpoint saved to node-local "
+                              "disks; {} file(s) are on other hosts: {} (copy them here to check the whole)",
+                              away.size(), names));
+  }
   if (auto named = parse_step_dir_name(dir.filename().string()); named && *named != marker.step)
     problems.push_back(format("{}: COMPLETE is for step {}", dir.filename().string(), marker.step));
   return listed;

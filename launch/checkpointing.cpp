@@ -88,26 +88,16 @@ void check_checkpoint_config(const Config& config, const std::string& resume, bo
   ST_CHECK(c.init_from.empty() || fs::exists(c.init_from), "checkpoint.init_from: '{}' does not exist", c.init_from);
 }
 
-std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& config, ProcessGroup& world,
-                                                                const std::string& resume, bool overwrite,
-                                                                Logger& log) {
+checkpoint::RunRoot prepare_checkpoint_dir(const Config& config, ProcessGroup& world, const std::string& resume,
+                                           bool overwrite, Logger& log) {
   const CheckpointConfig& c = config.checkpoint;
-  if (c.dir.empty()) return std::nullopt;
-  checkpoint::RunRoot root = checkpoint::open_run_root(c.dir, c.shared, resume == "never", overwrite, world, log);
-  if (!root.topology.shared) {
-    // Saving and resuming across node-local roots (issue 23) is not built yet:
-    // refuse now rather than at the first save, hours later.
-    throw AgreedError(format("checkpoint.dir '{}' is on each host's own disk ({} hosts); saving checkpoints to "
-                             "node-local disks is not supported yet: use a directory every host shares (NFS, "
-                             "Lustre, ...), or set checkpoint.shared: true if it is shared and was detected wrongly",
-                             c.dir, root.topology.host_count()),
-                      __FILE__, __LINE__);
-  }
-  return std::move(root.lock);
+  if (c.dir.empty()) return {};
+  return checkpoint::open_run_root(c.dir, c.shared, resume == "never", overwrite, world, log);
 }
 
 Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, optim::Optimizer& optimizer,
-                           ProcessGroup& world, Logger& log, int64_t num_parameters)
+                           ProcessGroup& world, Logger& log, int64_t num_parameters,
+                           const checkpoint::StorageTopology& topology)
     : config_(config), model_(model), optimizer_(optimizer), world_(world), log_(log) {
   const CheckpointConfig& c = config.checkpoint;
   if (c.dir.empty()) return;
@@ -119,6 +109,7 @@ Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, opti
   run.save.master_weights = checkpoint::unified_needs_master_files(run.save.model_weights, run.save.model_dtype);
   run.async = c.async;
   run.keep_last = c.keep_last;
+  run.topology = topology;
   saver_.emplace(std::move(run), world, log);
   // What one save writes: F32 master weights (unless F32 model weights stand
   // in for them), the model weights (unified), and every optimizer state kind.

@@ -41,17 +41,18 @@ std::string effective_resume(const Config& config, const std::string& requested,
 void check_checkpoint_config(const Config& config, const std::string& requested_resume, bool overwrite, Logger& log);
 
 /// Start-up checks of checkpoint.dir, before the model is built, so a run that
-/// could not save fails in its first second: rank 0 takes the directory's lock
-/// (held by the returned object for the run: a second job on the same
-/// directory fails here), every rank creates the directory and writes, fsyncs
-/// and removes a probe file. Collective; every rank throws the same error,
-/// naming checkpoint.dir. Then, when `resume` is never and the directory
-/// already holds checkpoints: with `overwrite` rank 0 moves them aside (see
-/// checkpoint::move_checkpoints_aside), otherwise every rank fails naming the
-/// newest one, so that two runs never mix in one directory. nullopt when
-/// checkpoint.dir is empty or on ranks other than 0.
-std::optional<checkpoint::DirectoryLock> prepare_checkpoint_dir(const Config& config, ProcessGroup& world,
-                                                                const std::string& resume, bool overwrite, Logger& log);
+/// could not save fails in its first second (checkpoint::open_run_root): every
+/// rank creates the directory and writes, fsyncs and removes a probe file; the
+/// ranks find out whether they share it or each host has its own
+/// (checkpoint.shared); the owner of each root takes its lock (held by the
+/// returned object for the run: a second job on the same directory fails
+/// here). Collective; every rank throws the same error, naming checkpoint.dir.
+/// Then, when `resume` is never and the directory already holds checkpoints:
+/// with `overwrite` they are moved aside (checkpoint::move_checkpoints_aside),
+/// otherwise every rank fails naming the newest one, so that two runs never
+/// mix in one directory. Empty (no lock, a shared topology) without checkpoint.dir.
+checkpoint::RunRoot prepare_checkpoint_dir(const Config& config, ProcessGroup& world, const std::string& resume,
+                                           bool overwrite, Logger& log);
 
 /// Owns the saves of one run. Every method is collective over `world` and
 /// must be called by all ranks at the same point of the run.
@@ -59,8 +60,9 @@ class Checkpointer {
  public:
   /// Checks the free space under checkpoint.dir against the size of one
   /// checkpoint of `num_parameters` (an error below 1x, a warning below 2x).
+  /// `topology`: whether the ranks share checkpoint.dir (prepare_checkpoint_dir's finding).
   Checkpointer(const Config& config, fsdp::ShardedModel& model, optim::Optimizer& optimizer, ProcessGroup& world,
-               Logger& log, int64_t num_parameters);
+               Logger& log, int64_t num_parameters, const checkpoint::StorageTopology& topology);
   /// Waits for a save still being written (without committing it when the
   /// run is failing: only wait() and end_of_step() commit).
   ~Checkpointer();

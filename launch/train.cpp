@@ -284,7 +284,7 @@ class Trainer {
 
   int64_t accum_ = 0;  // micro-batches per rank per step
   std::string resume_;
-  std::optional<checkpoint::DirectoryLock> dir_lock_;  // held for the whole run
+  checkpoint::RunRoot run_root_;  // checkpoint.dir's lock, held for the whole run, and whether ranks share it
   Device device_ = Device::cpu();
   int threads_ = 0;
   std::unique_ptr<ProcessGroup> gpu_group_;
@@ -372,10 +372,7 @@ void Trainer::setup_devices() {
   check_checkpoint_config(config_, options_.resume, options_.overwrite, log_);
   resume_ = effective_resume(config_, options_.resume, options_.overwrite);
   // Held for the whole run: a second job on the same checkpoint.dir fails here.
-  if (std::optional<checkpoint::DirectoryLock> lock =
-          prepare_checkpoint_dir(config_, world_, resume_, options_.overwrite, log_)) {
-    dir_lock_.emplace(std::move(*lock));
-  }
+  run_root_ = prepare_checkpoint_dir(config_, world_, resume_, options_.overwrite, log_);
   device_ = resolve_device(tc_.device, options_.local_rank);
   if (device_.is_cuda()) cuda::set_device(device_.index);
   threads_ = tc_.threads > 0 ? static_cast<int>(tc_.threads) : cpu::auto_cpu_threads(local_size_);
@@ -487,7 +484,7 @@ void Trainer::setup_batches() {
 void Trainer::setup_checkpoints() {
   result_.num_parameters = n_params_;
   stop_signals_.emplace();
-  checkpointer_.emplace(config_, *sharded_, *optimizer_, world_, log_, n_params_);
+  checkpointer_.emplace(config_, *sharded_, *optimizer_, world_, log_, n_params_, run_root_.topology);
   if (std::optional<ResumePoint> point = checkpointer_->load(resume_)) {
     first_step_ = point->step;
     consumed_ = point->consumed;

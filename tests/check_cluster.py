@@ -16,6 +16,7 @@ reports as Skipped, with the reason. CHECK is one of:
 Each check prints what it observed; a failure exits 1.
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,9 +24,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_training import ROOT, expect, fail, sets  # noqa: E402
+from check_training import ROOT, expect, fail, loss_by_step, mpirun, run, sets  # noqa: E402
 
 CLUSTER = os.path.join(ROOT, "scripts", "cluster")
+CKPT = None  # the ckpt tool, beside the trainer
 TINY = "configs/llama-tiny.yaml"
 SKIP = 77
 
@@ -72,28 +74,77 @@ def check_hosts_inside(name, trainer, tmp):
     print("hosts: llama-tiny trained 3 steps on 2 hosts x 2 ranks")
 
 
+def cluster_job(trainer, steps, *extra):
+    return ["mpirun", "--host", "h1:2,h2:2", "-np", "4", trainer, "--config", TINY, "--steps", str(steps), *extra]
+
+
 def check_storage_inside(name, trainer, tmp):
-    job = ["mpirun", "--host", "h1:2,h2:2", "-np", "4", trainer, "--config", TINY, "--steps", "4"]
-    proc = cluster(*job, *sets(checkpoint__dir="/local/ckpt", checkpoint__interval=2), name=name)
-    expect(proc, 1, "checkpoint.dir /local/ckpt: node-local, each of the 2 hosts h1, h2 has its own (detected)",
-           "checkpoint.dir '/local/ckpt' is on each host's own disk (2 hosts)",
-           "use a directory every host shares", what="node-local checkpoint.dir")
-    if "step 1/4" in proc.stdout + proc.stderr:
-        fail("the run with a node-local checkpoint.dir trained before refusing it")
-    print("storage: /local/ckpt detected as node-local, refused before step 1 (exit 1)")
+    """Detection, and a save to node-local disks: each host holds the files its ranks' hosts wrote."""
+    local_sets = sets(checkpoint__dir="/local/ckpt", checkpoint__interval=5)
+    proc = cluster(*cluster_job(trainer, 12, "--stop-after", "10", *local_sets), name=name)
+    expect(proc, 0, "checkpoint.dir /local/ckpt: node-local, each of the 2 hosts h1, h2 has its own (detected)",
+           "saved checkpoint /local/ckpt/step-000010", what="node-local checkpoint.dir")
+    print("storage: /local/ckpt detected as node-local; steps 5 and 10 saved")
+    # The same run on a directory both hosts share, uninterrupted to step 12: the reference.
     shared = os.path.join(tmp, "shared-ckpt")
-    proc = cluster(*job, *sets(checkpoint__dir=shared, checkpoint__interval=2), name=name)
+    full = os.path.join(tmp, "full.jsonl")
+    proc = cluster(*cluster_job(trainer, 12, *sets(checkpoint__dir=shared, checkpoint__interval=5,
+                                                   logging__metrics_file=full)), name=name)
     expect(proc, 0, f"checkpoint.dir {shared}: one file system shared by the 2 hosts h1, h2 (detected)",
-           f"saved checkpoint {shared}/step-000004", what="shared checkpoint.dir")
-    steps = sorted(n for n in os.listdir(shared) if n.startswith("step-"))
+           f"saved checkpoint {shared}/step-000010", what="shared checkpoint.dir")
     leftovers = [n for n in os.listdir(shared) if n.startswith(".host-probe")]
-    if steps != ["step-000002", "step-000004"] or leftovers:
-        fail(f"shared checkpoint.dir holds {sorted(os.listdir(shared))}")
-    print(f"storage: {shared} detected as shared; saved {steps}; no probe files left")
-    proc = cluster(*job, "--overwrite", *sets(checkpoint__dir=shared, checkpoint__shared="true"), name=name)
-    expect(proc, 0, f"checkpoint.dir {shared}: one file system shared by the 2 hosts h1, h2 (checkpoint.shared)",
-           what="checkpoint.shared: true")
-    print("storage: checkpoint.shared: true is taken as stated")
+    if leftovers:
+        fail(f"probe files left in {shared}: {leftovers}")
+    print(f"storage: {shared} detected as shared; no probe files left")
+    # Every data file is on exactly one host, byte for byte what the shared save wrote.
+    disks = {h: cluster("disk", h, name=name).stdout.strip() for h in ("h1", "h2")}
+    whole = os.path.join(shared, "step-000010")
+    data = sorted(n for n in os.listdir(whole) if n.endswith(".safetensors"))
+    where = {}
+    for h, disk in disks.items():
+        part = os.path.join(disk, "ckpt", "step-000010")
+        for n in os.listdir(part):
+            if n.endswith(".safetensors"):
+                where.setdefault(n, []).append(h)
+                if open(os.path.join(part, n), "rb").read() != open(os.path.join(whole, n), "rb").read():
+                    fail(f"{h}'s {n} differs from the shared save's")
+        for n in ("model.safetensors.index.json", "trainer_state.json", "config.json", "COMPLETE"):
+            if not os.path.exists(os.path.join(part, n)):
+                fail(f"{h}'s step-000010 lacks {n}")
+    if sorted(where) != data or any(len(v) != 1 for v in where.values()):
+        fail(f"data files by host: {where}; the shared save has {data}")
+    per_host = {h: sorted(n for n, hs in where.items() if h in hs) for h in disks}
+    print(f"storage: {len(data)} data files, each on one host ({', '.join(f'{h}: {len(v)}' for h, v in per_host.items())}),"
+          f" identical to the shared save's")
+    check_copied_restart(trainer, tmp, disks, loss_by_step(full))
+
+
+def check_copied_restart(trainer, tmp, disks, full):
+    """One host's part is partial; the hosts' parts copied into one directory are the whole checkpoint, which
+    resumes on one machine at the same world size (bit-exact) and at another (1e-5)."""
+    part = os.path.join(disks["h2"], "ckpt", "step-000010")
+    proc = subprocess.run([CKPT, "verify", part], capture_output=True, text=True)
+    expect(proc, 1, "partial: this directory holds one host's part of a checkpoint saved to node-local disks; "
+                    "6 file(s) are on other hosts", what="ckpt verify of one host's part")
+    print("restart: ckpt verify of h2's part alone: exit 1, partial, names the 6 files on h1")
+    merged = os.path.join(tmp, "merged", "step-000010")
+    shutil.copytree(os.path.join(disks["h1"], "ckpt", "step-000010"), merged)
+    for n in os.listdir(part):
+        if n.endswith(".safetensors"):
+            shutil.copy(os.path.join(part, n), merged)
+    expect(subprocess.run([CKPT, "verify", merged], capture_output=True, text=True), 0, ": OK",
+           what="ckpt verify of the hosts' parts copied together")
+    for np_ in (4, 2):
+        metrics = os.path.join(tmp, f"resumed-{np_}.jsonl")
+        proc = run(mpirun(np_) + [trainer, "--config", TINY, "--steps", "12", "--resume", merged] +
+                   sets(logging__metrics_file=metrics))
+        got = loss_by_step(metrics)
+        worst = max(abs(got[k] - full[k]) / abs(full[k]) for k in (11, 12))
+        print(f"restart: 2 hosts x 2 ranks -> 1 host x {np_} ranks from the copied parts: steps 11, 12 loss "
+              f"{got[11]!r}, {got[12]!r}; uninterrupted {full[11]!r}, {full[12]!r} (largest relative difference "
+              f"{worst:.1e})")
+        if sorted(got) != [11, 12] or worst > (0 if np_ == 4 else 1e-5):
+            fail("the resumed run differs from the uninterrupted one")
 
 
 def check_cleanup(name, trainer, tmp):
@@ -127,7 +178,9 @@ def check_cleanup(name, trainer, tmp):
 
 
 def main():
+    global CKPT
     trainer, check = os.path.abspath(sys.argv[1]), sys.argv[2]
+    CKPT = os.path.join(os.path.dirname(trainer), "ckpt")
     name = "c" + check[:2] + str(os.getpid() % 10000)
     if check.endswith("-inside"):
         name = os.environ["ST_CLUSTER"]
