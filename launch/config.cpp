@@ -12,7 +12,8 @@ constexpr Named<DeviceKind> kDeviceNames[] = {
 constexpr Named<DataKind> kDataNames[] = {
     {DataKind::Synthetic, "synthetic"}, {DataKind::Text, "text"}, {DataKind::Tokens, "tokens"}};
 constexpr Named<TokenDType> kTokenDTypeNames[] = {{TokenDType::U16, "uint16"}, {TokenDType::U32, "uint32"}};
-constexpr Named<TokenFormat> kTokenFormatNames[] = {{TokenFormat::Llmc, "llmc"}, {TokenFormat::Headerless, "headerless"}};
+constexpr Named<TokenFormat> kTokenFormatNames[] = {{TokenFormat::Llmc, "llmc"},
+                                                    {TokenFormat::Headerless, "headerless"}};
 constexpr std::string_view kLogLevels[] = {"debug", "info", "warn", "error"};
 
 void visit_train(TrainConfig& t, const KeyVisitor& v) {

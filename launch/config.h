@@ -32,7 +32,8 @@ enum class DataKind : uint8_t { Synthetic, Text, Tokens };
 enum class TokenDType : uint8_t { U16, U32 };
 enum class TokenFormat : uint8_t { Llmc, Headerless };
 
-/// YAML spellings: "cpu" | "cuda" | "auto"; "synthetic" | "text" | "tokens"; "uint16" | "uint32"; "llmc" | "headerless".
+/// YAML spellings: "cpu" | "cuda" | "auto"; "synthetic" | "text" | "tokens"; "uint16" | "uint32"; "llmc" |
+/// "headerless".
 std::span<const Named<DeviceKind>> names_of(DeviceKind);
 std::span<const Named<DataKind>> names_of(DataKind);
 std::span<const Named<TokenDType>> names_of(TokenDType);

@@ -658,8 +658,7 @@ std::unique_ptr<Dataset> from_file(const Config& config, const std::string& path
     return std::make_unique<TextDataset>(path, key, vocab, seq_len);
   }
   ST_CHECK(config.data.kind == DataKind::Tokens, "unknown data.kind {}", static_cast<int>(config.data.kind));
-  return std::make_unique<TokensDataset>(path, key, config.data.token_format, config.data.token_dtype, vocab,
-                                         seq_len);
+  return std::make_unique<TokensDataset>(path, key, config.data.token_format, config.data.token_dtype, vocab, seq_len);
 }
 
 }  // namespace

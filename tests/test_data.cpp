@@ -365,7 +365,6 @@ TEST(TokensDataset, FileErrors) {
                 "' has 1042 bytes, but its llm.c header (magic 20240520, 10 uint16 tokens) means 1044 bytes "
                 "(1024 + 10 x 2); the file is truncated or the header is wrong");
 
-
   const std::string empty = dir.file("empty.bin");
   write_bytes(empty, "");
   EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Tokens, empty, 4, 1000)); }),
