@@ -5,6 +5,7 @@
 #include <chrono>
 #include <deque>
 #include <exception>
+#include <utility>
 #include <vector>
 
 #include <mpi.h>
@@ -132,6 +133,18 @@ Watchdog::Blocked::~Blocked() {
   watchdog_->last_progress_.store(now_ns());
 }
 
+Watchdog::Phase::Phase(Watchdog* watchdog, std::string what) : watchdog_(watchdog) {
+  if (!watchdog_) return;
+  std::lock_guard<std::mutex> lock(watchdog_->what_mutex_);
+  outer_ = std::exchange(watchdog_->phase_, std::move(what));
+}
+
+Watchdog::Phase::~Phase() {
+  if (!watchdog_) return;
+  std::lock_guard<std::mutex> lock(watchdog_->what_mutex_);
+  watchdog_->phase_ = std::move(outer_);
+}
+
 void Watchdog::progress() { last_progress_.store(now_ns()); }
 
 void Watchdog::run() {
@@ -156,12 +169,16 @@ void Watchdog::run() {
 std::string Watchdog::local_state(int64_t now) {
   const int64_t since = blocked_since_.load();
   const std::string* activity = activity_.load();
-  std::string what;
+  std::string what, phase;
   {
     std::lock_guard<std::mutex> lock(what_mutex_);
     what = blocked_what_;
+    phase = phase_;
   }
-  const std::string during = activity ? format(" during {}", *activity) : std::string();
+  // A phase (a checkpoint save) outranks the unit label, which stays set after the unit ran.
+  const std::string during = !phase.empty() ? format(" during {}", phase)
+                             : activity     ? format(" during {}", *activity)
+                                            : std::string();
   if (since != 0) return format("{}{} made no progress for {:.1f} s", what, during, seconds(now - since));
   return format("the step on rank {}{} made no progress for {:.1f} s (no collective finished, no micro-batch ended)",
                 rank_, during, seconds(now - last_progress_.load()));
