@@ -327,7 +327,8 @@ AutoResumed resume(const std::string& what, const std::string& root,
   if (what == "auto") {
     AutoResumed resumed = resume_auto(
         root, load_dir, [&](const std::string& message) { log.warn0("--resume auto: {}", message); }, group);
-    if (!resumed.path) log.info0("--resume auto: no step directory in {}; starting from step 0", root);
+    if (!resumed.path)
+      log.info0("--resume auto: no step directory in {}{}; starting from step 0", root, absolute_note(root));
     return resumed;
   }
   // The checkpoint a user's path stands for (a root stands for the one `latest` names).
