@@ -8,7 +8,8 @@
 // (Phase, set by checkpoint/), and when the step last moved
 // (progress(), set by the trainer). Over a side channel of their own (a
 // duplicate of MPI_COMM_WORLD used only by these threads) every rank sends
-// rank 0 a heartbeat with that state, and rank 0 answers each one.
+// rank 0 a heartbeat with that state (its Phase included), and rank 0
+// answers each one.
 //
 // When a collective has made no progress for `timeout_s` (or a step has
 // neither finished a micro-batch nor a collective for that long), rank 0
@@ -84,6 +85,8 @@ class Watchdog {
   void beat(int64_t now);
   [[noreturn]] void abort_job(const std::string& message);
   std::string local_state(int64_t now);
+  /// Rank 0: every rank's state from its last heartbeat, in three lists.
+  std::string ranks_report(int64_t now) const;
 
   const double timeout_s_;
   const int64_t timeout_ns_;

@@ -16,7 +16,9 @@ CHECK is one of:
               stops inside the save, after writing its files (the test hook
               ST_TEST_PAUSE_AT=files_written@2, core/test_hook.h): the job exits
               non-zero and rank 0's line says it waited during the checkpoint save
-              of step 2 (its finishing phase), not during the last unit's backward.
+              of step 2 (its finishing phase), not during the last unit's backward,
+              and that rank 1 is in the same save, writing its files (its heartbeat
+              carries its phase).
 Each check prints what it observed; a failure exits 1.
 """
 import os
@@ -131,7 +133,8 @@ def check_stop_save(trainer, tmp):
     for ln in root:
         print(f"  {ln[:400]}")
     want = ("made no progress for", "during the checkpoint save of step 2 (finishing: checksums, indexes, commit)",
-            "still computing: 1 (not waiting")
+            "still computing: 1 (not waiting: computing for",
+            "during the checkpoint save of step 2 (writing this rank's files))")
     if proc.returncode == 0 or "test hook: paused at files_written of step 2" not in text or not root or \
             not all(w in root[0] for w in want) or "of unit" in root[0]:
         sys.stderr.write(text[-3000:])
