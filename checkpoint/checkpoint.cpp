@@ -15,6 +15,7 @@
 #include "checkpoint/commit.h"
 #include "checkpoint/fs.h"
 #include "core/error.h"
+#include "core/watchdog.h"
 
 namespace st::checkpoint {
 namespace {
@@ -37,6 +38,11 @@ std::string latest_note(const std::string& root) {
   const std::string name = text ? trim_space(*text) : std::string();
   if (!name.empty() && name.find_first_of(" \t\r\n") == std::string::npos) return format("latest still names {}", name);
   return "no checkpoint was committed before";
+}
+
+// The watchdog's name for a save's phase (a frozen rank during a save is reported so).
+std::string save_phase(int64_t step, std::string_view what) {
+  return format("the checkpoint save of step {} ({})", step, what);
 }
 
 }  // namespace
@@ -65,6 +71,7 @@ Saver::~Saver() {
 
 void Saver::save(std::span<const StateEntry> entries, TrainerState state, std::vector<ExtraFile> extra) {
   finish_in_flight();
+  const Watchdog::Phase phase(group_.watchdog(), save_phase(state.step, "planning, copying the state"));
   auto f = std::make_unique<InFlight>();
   f->step = state.step;
   f->start = Clock::now();
@@ -107,7 +114,10 @@ void Saver::save(std::span<const StateEntry> entries, TrainerState state, std::v
         raw->step, raw->blocking_s);
     return;
   }
-  raw->staged->write();
+  {
+    const Watchdog::Phase writing(group_.watchdog(), save_phase(raw->step, "writing this rank's files"));
+    raw->staged->write();
+  }
   raw->written = true;
   finish_in_flight();
 }
@@ -115,6 +125,7 @@ void Saver::save(std::span<const StateEntry> entries, TrainerState state, std::v
 void Saver::finish_in_flight() {
   if (!in_flight_) return;
   std::unique_ptr<InFlight> f = std::move(in_flight_);
+  const Watchdog::Phase phase(group_.watchdog(), save_phase(f->step, "finishing: checksums, indexes, commit"));
   if (f->writer.joinable()) f->writer.join();
   std::vector<std::string> files;
   RetentionResult retention;
@@ -339,7 +350,8 @@ AutoResumed resume(const std::string& what, const std::string& root,
   if (what == "auto") {
     AutoResumed resumed = resume_auto(
         root, load_dir, [&](const std::string& message) { log.warn0("--resume auto: {}", message); }, group);
-    if (!resumed.path) log.info0("--resume auto: no step directory in {}; starting from step 0", root);
+    if (!resumed.path)
+      log.info0("--resume auto: no step directory in {}{}; starting from step 0", root, absolute_note(root));
     return resumed;
   }
   // The checkpoint a user's path stands for (a root stands for the one `latest` names).

@@ -56,7 +56,7 @@ int write_fully(int fd, const char* data, size_t n) {
 DirectoryLock::DirectoryLock(const fs::path& root) {
   std::error_code ec;
   fs::create_directories(root, ec);
-  ST_CHECK(!ec, "'{}' cannot be created: {}", root.string(), creation_problem(root, ec));
+  ST_CHECK(!ec, "'{}'{} cannot be created: {}", root.string(), absolute_note(root), creation_problem(root, ec));
   const fs::path path = root / lock_file_name;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   ST_CHECK(fd_ >= 0, "cannot open the lock file '{}': {}", path.string(), errno_text(errno));
@@ -69,9 +69,10 @@ DirectoryLock::DirectoryLock(const fs::path& root) {
     ::close(fd_);
     fd_ = -1;
     ST_CHECK(e != EWOULDBLOCK,
-             "'{}' is in use by {} (its lock file {} is held); wait for that job to end or use "
+             "'{}'{} is in use by {} (its lock file {} is held); wait for that job to end or use "
              "another directory",
-             root.string(), holder.empty() ? std::string("another process") : holder, path.string());
+             root.string(), absolute_note(root), holder.empty() ? std::string("another process") : holder,
+             path.string());
     ST_FAIL("cannot lock '{}': {}", path.string(), errno_text(e));
   }
   const std::string me = format("pid {} on host {}\n", ::getpid(), host_name());
@@ -101,8 +102,8 @@ DirectoryLock& DirectoryLock::operator=(DirectoryLock&& other) noexcept {
 void probe_writable_dir(const fs::path& root, const std::string& probe_name) {
   std::error_code ec;
   fs::create_directories(root, ec);
-  ST_CHECK(!ec, "'{}' cannot be created: {}", root.string(), creation_problem(root, ec));
-  ST_CHECK(fs::is_directory(root, ec), "'{}' is not a directory", root.string());
+  ST_CHECK(!ec, "'{}'{} cannot be created: {}", root.string(), absolute_note(root), creation_problem(root, ec));
+  ST_CHECK(fs::is_directory(root, ec), "'{}'{} is not a directory", root.string(), absolute_note(root));
 
   struct statfs sf {};
   ST_CHECK(::statfs(root.c_str(), &sf) == 0, "cannot stat the file system of '{}': {}", root.string(),
@@ -116,7 +117,7 @@ void probe_writable_dir(const fs::path& root, const std::string& probe_name) {
   const fs::path probe = root / probe_name;
   const std::vector<char> data(4096, 'p');
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  ST_CHECK(fd >= 0, "'{}' is not writable: {}", root.string(), errno_text(errno));
+  ST_CHECK(fd >= 0, "'{}'{} is not writable: {}", root.string(), absolute_note(root), errno_text(errno));
   std::string problem;
   if (const int e = write_fully(fd, data.data(), data.size()); e != 0)
     problem = errno_text(e);
@@ -124,7 +125,7 @@ void probe_writable_dir(const fs::path& root, const std::string& probe_name) {
     problem = format("fsync failed: {}", errno_text(errno));
   if (::close(fd) != 0 && problem.empty()) problem = format("close failed: {}", errno_text(errno));
   ::unlink(probe.c_str());
-  ST_CHECK(problem.empty(), "'{}' is not writable: {}", root.string(), problem);
+  ST_CHECK(problem.empty(), "'{}'{} is not writable: {}", root.string(), absolute_note(root), problem);
 }
 
 int64_t free_bytes(const fs::path& root) {
@@ -203,10 +204,10 @@ RunRoot open_run_root(const std::string& dir, SharedStorage shared, bool fresh, 
       return;
     }
     ST_FAIL(
-        "checkpoint.dir '{}'{} already holds checkpoints (the newest is {}); a new run there would mix with "
+        "checkpoint.dir '{}'{}{} already holds checkpoints (the newest is {}); a new run there would mix with "
         "them. Continue that run with --resume auto, start over with --overwrite (moves them aside, deletes "
         "nothing), or choose another checkpoint.dir",
-        dir, where, steps.empty() ? std::string(latest_file_name) : steps.back());
+        dir, absolute_note(dir), where, steps.empty() ? std::string(latest_file_name) : steps.back());
   });
   return out;
 }
@@ -215,9 +216,9 @@ void check_free_space(const std::string& root, int64_t need, ProcessGroup& group
   run_on_every_rank(group, [&] {
     const int64_t free = free_bytes(root);
     ST_CHECK(free >= need,
-             "checkpoint.dir '{}' has {} free, less than one checkpoint of this run needs (about {}); free some "
+             "checkpoint.dir '{}'{} has {} free, less than one checkpoint of this run needs (about {}); free some "
              "space or choose another directory",
-             root, human_bytes(free), human_bytes(need));
+             root, absolute_note(root), human_bytes(free), human_bytes(need));
     if (free < 2 * need && group.rank() == 0)
       log.warn("checkpoint.dir '{}' has {} free, room for fewer than two checkpoints of about {} each", root,
                human_bytes(free), human_bytes(need));

@@ -39,6 +39,13 @@ UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);  // errors here cannot be reported; close_checked() reports them
 }
 
+std::string absolute_note(const fs::path& path) {
+  if (path.empty() || path.is_absolute()) return {};
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  return ec ? std::string() : format(" ({})", absolute.lexically_normal().string());
+}
+
 void UniqueFd::close_checked(const fs::path& path) {
   const int rc = ::close(release());
   ST_CHECK(rc == 0, "cannot close '{}': {}", path.string(), errno_text());

@@ -19,6 +19,11 @@ std::string errno_text(int err);
 /// The system's text for the current errno.
 inline std::string errno_text() { return errno_text(errno); }
 
+/// " (/abs/path)" for a relative `path`, "" for an absolute one: put after a
+/// path in a message, it says which directory was meant when the message is
+/// read away from the working directory the path was relative to.
+std::string absolute_note(const std::filesystem::path& path);
+
 /// Move-only owner of a POSIX file descriptor; closes it on destruction.
 class UniqueFd {
  public:

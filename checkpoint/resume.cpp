@@ -34,7 +34,7 @@ bool complete_in(const RootView& view, int64_t step) {
 // "step-000010 (complete), step-000020 (incomplete: why)", or why there is nothing to list.
 std::string describe(const fs::path& root, const RootView& view) {
   if (!view.error.empty()) return view.error;
-  if (view.steps.empty()) return format("no step directory in {}", root.string());
+  if (view.steps.empty()) return format("no step directory in {}{}", root.string(), absolute_note(root));
   std::string out;
   for (const StepView& s : view.steps) {
     out += out.empty() ? "" : ", ";
@@ -50,9 +50,9 @@ std::string rank_on_host(size_t rank, const RootView& view) { return format("ran
 std::string disagreement_message(const fs::path& root, std::span<const RootView> views,
                                  const std::vector<size_t>& differing, const std::string& lead_intent) {
   std::string out = format(
-      "--resume auto: the ranks do not see the same checkpoints in {}, so the job cannot agree on where to resume: "
+      "--resume auto: the ranks do not see the same checkpoints in {}{}, so the job cannot agree on where to resume: "
       "{} {}",
-      root.string(), rank_on_host(0, views[0]), lead_intent);
+      root.string(), absolute_note(root), rank_on_host(0, views[0]), lead_intent);
   for (size_t r : differing) out += format("\n  {} sees: {}", rank_on_host(r, views[r]), describe(root, views[r]));
   out +=
       "\nEvery rank must see the same step directories: put checkpoint.dir on a file system all hosts share (or copy "
@@ -116,7 +116,8 @@ RootView view_from_json(const std::string& text) {
 std::string no_loadable_checkpoint_message(const fs::path& root, std::span<const StepView> steps,
                                            const std::map<int64_t, std::string>& load_errors) {
   std::string out =
-      format("--resume auto: {} holds step directories, but none is a complete checkpoint that loads:", root.string());
+      format("--resume auto: {}{} holds step directories, but none is a complete checkpoint that loads:", root.string(),
+             absolute_note(root));
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
     std::string why = it->problem;
     if (why.empty()) {

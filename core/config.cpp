@@ -516,6 +516,9 @@ void apply_override(const Schema& schema, std::string_view assignment) {
 }
 
 void load_yaml(const Schema& schema, std::string_view yaml, std::string_view source_name) {
+  ST_CHECK(static_cast<int64_t>(yaml.size()) <= kMaxConfigBytes,
+           "config {} is {} bytes, over the limit of {} bytes (1 MiB) for a config; is it a config file?", source_name,
+           yaml.size(), kMaxConfigBytes);
   std::vector<YAML::Node> docs;
   try {
     docs = YAML::LoadAll(std::string(yaml));
@@ -539,6 +542,13 @@ std::string read_config_file(const std::string& path) {
   ST_CHECK(!std::filesystem::is_directory(status),
            "config file '{}' is a directory; pass a YAML file, e.g. --config configs/llama-tiny.yaml", path);
   ST_CHECK(std::filesystem::is_regular_file(status), "config file '{}' is not a regular file", path);
+  // Checked before reading: parsing a large file takes minutes and gigabytes.
+  const auto bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  ST_CHECK(!ec, "cannot read config file '{}': {}", path, ec.message());
+  ST_CHECK(bytes <= kMaxConfigBytes,
+           "config file '{}' is {} ({} bytes), over the limit of {} bytes (1 MiB) for a config file; is --config "
+           "the right file?",
+           path, human_bytes(bytes), bytes, kMaxConfigBytes);
   std::ifstream in(path, std::ios::binary);
   ST_CHECK(in.good(), "cannot open config file '{}'", path);
   std::ostringstream text;

@@ -147,11 +147,19 @@ struct ConfigKeyDoc {
 /// Every key of `schema` (visited on a default-built object) with its current value as default.
 std::vector<ConfigKeyDoc> config_keys(const Schema& schema);
 
+/// The largest config file (and YAML text) accepted: real configs are a few
+/// KiB, while YAML parsing takes tens of bytes of memory per byte of text, so
+/// a larger file is a wrong path (a data file, a checkpoint), refused before
+/// it is read. A --set value is bounded by the OS (MAX_ARG_STRLEN, 128 KiB).
+inline constexpr int64_t kMaxConfigBytes = int64_t{1} << 20;
+
 /// The text of config file `path`: an error unless it is a readable regular
-/// file with at least one setting. Errors name the path as given.
+/// file of at most kMaxConfigBytes with at least one setting. Errors name the
+/// path as given.
 std::string read_config_file(const std::string& path);
-/// Assigns the keys of YAML `yaml` (one document, a map of sections) to the
-/// fields of `schema`; `source_name` stands in for the file name in errors.
+/// Assigns the keys of YAML `yaml` (one document, a map of sections, at most
+/// kMaxConfigBytes) to the fields of `schema`; `source_name` stands in for
+/// the file name in errors.
 void load_yaml(const Schema& schema, std::string_view yaml, std::string_view source_name);
 /// Applies one "key=value" override (value parsed as YAML).
 void apply_override(const Schema& schema, std::string_view assignment);

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <exception>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <mpi.h>
@@ -25,9 +28,21 @@ double seconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
 constexpr int kHeartbeatTag = 7101;  // rank r -> rank 0
 constexpr int kAnswerTag = 7102;     // rank 0 -> rank r
 
-// A heartbeat: collective waits finished, ns blocked in the current one (0:
-// not blocked), ns since the step last moved.
-using Beat = std::array<int64_t, 3>;
+// A heartbeat, sent as bytes: rank 0 reports every rank's last one.
+struct Beat {
+  int64_t waits = 0;              // collective waits finished
+  int64_t blocked = 0;            // ns blocked in the current one (0: not blocked)
+  int64_t idle = 0;               // ns since the step last moved
+  std::array<char, 104> phase{};  // the rank's Watchdog::Phase, NUL-terminated ("" outside one; cut to fit)
+};
+static_assert(std::is_trivially_copyable_v<Beat>);
+constexpr int kBeatBytes = static_cast<int>(sizeof(Beat));
+
+// ", during <phase>" for a rank's list entry, "" outside a phase.
+std::string during_phase(const Beat& beat) {
+  const std::string phase(beat.phase.data(), ::strnlen(beat.phase.data(), beat.phase.size()));
+  return phase.empty() ? std::string() : format(", during {}", phase);
+}
 
 }  // namespace
 
@@ -41,7 +56,7 @@ struct Watchdog::Side {
 
   void send(const Beat& beat, int to) {
     sends.emplace_back(beat, MPI_REQUEST_NULL);
-    MPI_Isend(sends.back().first.data(), 3, MPI_INT64_T, to, to == 0 ? kHeartbeatTag : kAnswerTag, comm,
+    MPI_Isend(&sends.back().first, kBeatBytes, MPI_BYTE, to, to == 0 ? kHeartbeatTag : kAnswerTag, comm,
               &sends.back().second);
     ++sent[static_cast<size_t>(to)];
     // Completed sends are dropped from the front (they complete in order per peer, closely enough).
@@ -62,7 +77,7 @@ struct Watchdog::Side {
       MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &status);
       if (!flag) return;
       Beat beat{};
-      MPI_Recv(beat.data(), 3, MPI_INT64_T, status.MPI_SOURCE, status.MPI_TAG, comm, MPI_STATUS_IGNORE);
+      MPI_Recv(&beat, kBeatBytes, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, comm, MPI_STATUS_IGNORE);
       ++received[static_cast<size_t>(status.MPI_SOURCE)];
       on_message(status.MPI_SOURCE, beat);
     }
@@ -109,7 +124,7 @@ Watchdog::~Watchdog() {
   for (size_t r = 0; r < expected.size(); ++r) {
     for (; side_->received[r] < expected[r]; ++side_->received[r]) {
       Beat beat{};
-      MPI_Recv(beat.data(), 3, MPI_INT64_T, static_cast<int>(r), MPI_ANY_TAG, side_->comm, MPI_STATUS_IGNORE);
+      MPI_Recv(&beat, kBeatBytes, MPI_BYTE, static_cast<int>(r), MPI_ANY_TAG, side_->comm, MPI_STATUS_IGNORE);
     }
   }
   for (auto& [beat, request] : side_->sends) MPI_Wait(&request, MPI_STATUS_IGNORE);
@@ -130,6 +145,18 @@ Watchdog::Blocked::~Blocked() {
   watchdog_->blocked_since_.store(0);
   watchdog_->waits_done_.fetch_add(1);
   watchdog_->last_progress_.store(now_ns());
+}
+
+Watchdog::Phase::Phase(Watchdog* watchdog, std::string what) : watchdog_(watchdog) {
+  if (!watchdog_) return;
+  std::lock_guard<std::mutex> lock(watchdog_->what_mutex_);
+  outer_ = std::exchange(watchdog_->phase_, std::move(what));
+}
+
+Watchdog::Phase::~Phase() {
+  if (!watchdog_) return;
+  std::lock_guard<std::mutex> lock(watchdog_->what_mutex_);
+  watchdog_->phase_ = std::move(outer_);
 }
 
 void Watchdog::progress() { last_progress_.store(now_ns()); }
@@ -156,12 +183,16 @@ void Watchdog::run() {
 std::string Watchdog::local_state(int64_t now) {
   const int64_t since = blocked_since_.load();
   const std::string* activity = activity_.load();
-  std::string what;
+  std::string what, phase;
   {
     std::lock_guard<std::mutex> lock(what_mutex_);
     what = blocked_what_;
+    phase = phase_;
   }
-  const std::string during = activity ? format(" during {}", *activity) : std::string();
+  // A phase (a checkpoint save) outranks the unit label, which stays set after the unit ran.
+  const std::string during = !phase.empty() ? format(" during {}", phase)
+                             : activity     ? format(" during {}", *activity)
+                                            : std::string();
   if (since != 0) return format("{}{} made no progress for {:.1f} s", what, during, seconds(now - since));
   return format("the step on rank {}{} made no progress for {:.1f} s (no collective finished, no micro-batch ended)",
                 rank_, during, seconds(now - last_progress_.load()));
@@ -171,7 +202,11 @@ void Watchdog::beat(int64_t now) {
   const int64_t since = blocked_since_.load();
   const int64_t blocked = since != 0 ? now - since : 0;
   const int64_t idle = since != 0 ? 0 : now - last_progress_.load();
-  const Beat mine{waits_done_.load(), blocked, idle};
+  Beat mine{waits_done_.load(), blocked, idle, {}};
+  {
+    std::lock_guard<std::mutex> lock(what_mutex_);
+    phase_.copy(mine.phase.data(), std::min(phase_.size(), mine.phase.size() - 1));
+  }
   const int64_t grace = 3 * beat_ns_;  // lets rank 0, which knows most, report first
 
   if (!side_) {
@@ -202,30 +237,37 @@ void Watchdog::beat(int64_t now) {
   // Trouble: a rank blocked or idle past the timeout, or a rank gone silent.
   bool trouble = false;
   for (size_t r = 0; r < s.state.size(); ++r)
-    trouble = trouble || s.state[r][1] > timeout_ns_ || s.state[r][2] > timeout_ns_ || now - s.heard[r] > timeout_ns_;
+    trouble =
+        trouble || s.state[r].blocked > timeout_ns_ || s.state[r].idle > timeout_ns_ || now - s.heard[r] > timeout_ns_;
   if (!trouble) return;
+  const std::string headline =
+      blocked > 0 || idle > timeout_ns_ ? local_state(now) + " on rank 0" : "a collective made no progress";
+  abort_job(format("watchdog: {}; {}", headline, ranks_report(now)));
+}
 
+std::string Watchdog::ranks_report(int64_t now) const {
+  const Side& s = *side_;
   std::vector<std::string> silent, computing, waiting;
   for (size_t r = 0; r < s.state.size(); ++r) {
+    const Beat& b = s.state[r];
     const int64_t quiet = now - s.heard[r];
     // Heartbeats come every beat, so three missed ones mean the rank is not running.
     if (quiet > std::min(timeout_ns_, 3 * beat_ns_))
-      silent.push_back(format("{} (no heartbeat for {:.1f} s: stopped, frozen or dead)", r, seconds(quiet)));
-    else if (s.state[r][1] == 0)
-      computing.push_back(format("{} (not waiting: computing for {:.1f} s after {} collective waits)", r,
-                                 seconds(s.state[r][2]), s.state[r][0]));
+      silent.push_back(
+          format("{} (no heartbeat for {:.1f} s: stopped, frozen or dead{})", r, seconds(quiet), during_phase(b)));
+    else if (b.blocked == 0)
+      computing.push_back(format("{} (not waiting: computing for {:.1f} s after {} collective waits{})", r,
+                                 seconds(b.idle), b.waits, during_phase(b)));
     else
-      waiting.push_back(format("{} ({:.1f} s)", r, seconds(s.state[r][1])));
+      waiting.push_back(format("{} ({:.1f} s{})", r, seconds(b.blocked), during_phase(b)));
   }
-  std::string headline =
-      blocked > 0 || idle > timeout_ns_ ? local_state(now) + " on rank 0" : "a collective made no progress";
   auto list = [](const std::vector<std::string>& v) {
     std::string out;
     for (const std::string& x : v) out += (out.empty() ? "" : ", ") + x;
     return out.empty() ? std::string("none") : out;
   };
-  abort_job(format("watchdog: {}; ranks that have not arrived: {}; still computing: {}; waiting: {}", headline,
-                   list(silent), list(computing), list(waiting)));
+  return format("ranks that have not arrived: {}; still computing: {}; waiting: {}", list(silent), list(computing),
+                list(waiting));
 }
 
 void Watchdog::abort_job(const std::string& message) {

@@ -4,10 +4,12 @@
 // A thread per rank wakes every beat (timeout / 5, between 0.2 s and 2 s). It
 // knows what the rank is doing: blocked in a collective (Blocked, set by the
 // MPI backend's Work::wait(), with the collective's description), inside which
-// shard unit (set_activity(), set by FSDP) and when the step last moved
+// shard unit (set_activity(), set by FSDP) or phase such as a checkpoint save
+// (Phase, set by checkpoint/), and when the step last moved
 // (progress(), set by the trainer). Over a side channel of their own (a
 // duplicate of MPI_COMM_WORLD used only by these threads) every rank sends
-// rank 0 a heartbeat with that state, and rank 0 answers each one.
+// rank 0 a heartbeat with that state (its Phase included), and rank 0
+// answers each one.
 //
 // When a collective has made no progress for `timeout_s` (or a step has
 // neither finished a micro-batch nor a collective for that long), rank 0
@@ -54,6 +56,23 @@ class Watchdog {
     Watchdog* watchdog_;
   };
 
+  /// While alive, the rank is in `what`, e.g. "the checkpoint save of step
+  /// 200 (writing files)", which the watchdog names instead of the last
+  /// unit's activity (a save comes after backward, whose label would stay).
+  /// Nests: the innermost wins; the destructor restores the outer one. A
+  /// null watchdog makes it a no-op.
+  class Phase {
+   public:
+    Phase(Watchdog* watchdog, std::string what);
+    ~Phase();
+    Phase(const Phase&) = delete;
+    Phase& operator=(const Phase&) = delete;
+
+   private:
+    Watchdog* watchdog_;
+    std::string outer_;
+  };
+
   /// What the rank computes now, e.g. "forward of unit model.layers.2"; the
   /// string must outlive its use (units keep theirs); nullptr clears it.
   void set_activity(const std::string* label) { activity_.store(label); }
@@ -66,6 +85,8 @@ class Watchdog {
   void beat(int64_t now);
   [[noreturn]] void abort_job(const std::string& message);
   std::string local_state(int64_t now);
+  /// Rank 0: every rank's state from its last heartbeat, in three lists.
+  std::string ranks_report(int64_t now) const;
 
   const double timeout_s_;
   const int64_t timeout_ns_;
@@ -79,6 +100,7 @@ class Watchdog {
   std::atomic<const std::string*> activity_{nullptr};
   std::mutex what_mutex_;
   std::string blocked_what_;  // guarded by what_mutex_
+  std::string phase_;         // guarded by what_mutex_; "" outside a Phase
   std::unique_ptr<Side> side_;
   std::mutex stop_mutex_;
   std::condition_variable stop_cv_;

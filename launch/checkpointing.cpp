@@ -180,7 +180,7 @@ std::vector<std::string> config_differences(const std::string& dir, const ModelC
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
-  ST_CHECK(in.good() || in.eof(), "cannot read {}", path.string());
+  ST_CHECK(in.good() || in.eof(), "cannot read {}: {}", path.string(), checkpoint::errno_text());
   return differences(text.str(), m, path.string());
 }
 
@@ -216,8 +216,8 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
   optimizer_.set_step_count(state.optimizer_steps);
   // A unified save also holds the model weights for Hugging Face tools; a
   // resume reads the master weights instead, so it reads fewer bytes than were saved.
-  log_.info0("resumed from {} (step {}, {} layout, saved by {} rank(s) with {}): {} read in {:.3f} s{}", path,
-             state.step, loaded.format, state.world_size,
+  log_.info0("resumed from {}{} (step {}, {} layout, saved by {} rank(s) with {}): {} read in {:.3f} s{}", path,
+             checkpoint::absolute_note(path), state.step, loaded.format, state.world_size,
              state.sharding_strategy.empty() ? std::string("?") : state.sharding_strategy, read, loaded.seconds,
              loaded.skipped_model_weights ? " (model weights not read: master weights are)" : "");
   log_schedule_change(state, state.step);

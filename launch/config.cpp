@@ -12,6 +12,8 @@ constexpr Named<DeviceKind> kDeviceNames[] = {
 constexpr Named<DataKind> kDataNames[] = {
     {DataKind::Synthetic, "synthetic"}, {DataKind::Text, "text"}, {DataKind::Tokens, "tokens"}};
 constexpr Named<TokenDType> kTokenDTypeNames[] = {{TokenDType::U16, "uint16"}, {TokenDType::U32, "uint32"}};
+constexpr Named<TokenFormat> kTokenFormatNames[] = {{TokenFormat::Llmc, "llmc"},
+                                                    {TokenFormat::Headerless, "headerless"}};
 constexpr std::string_view kLogLevels[] = {"debug", "info", "warn", "error"};
 
 void visit_train(TrainConfig& t, const KeyVisitor& v) {
@@ -30,6 +32,9 @@ void visit_data(DataConfig& d, const KeyVisitor& v) {
      "(uint16/uint32 .bin)"},
     d.kind);
   v({"path", "file or directory for text/tokens; unused for synthetic"}, d.path);
+  v({"token_format",
+     "tokens files: llmc (each an llm.c shard, header checked) | headerless (raw tokens of data.token_dtype)"},
+    d.token_format);
   v({"token_dtype", "token width of headerless tokens files (llm.c shards give their own)"}, d.token_dtype);
   v({"tokenizer",
      "SentencePiece tokenizer.model (text/tokens): encodes data.kind text instead of bytes; its vocabulary must "
@@ -78,6 +83,7 @@ Schema schema_of(Config& c) {
 std::span<const Named<DeviceKind>> names_of(DeviceKind) { return kDeviceNames; }
 std::span<const Named<DataKind>> names_of(DataKind) { return kDataNames; }
 std::span<const Named<TokenDType>> names_of(TokenDType) { return kTokenDTypeNames; }
+std::span<const Named<TokenFormat>> names_of(TokenFormat) { return kTokenFormatNames; }
 
 void visit_keys(Config& c, const KeyVisitor& v) {
   visit_keys(c.model, in_section("model", v));

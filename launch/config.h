@@ -30,11 +30,14 @@ namespace st {
 enum class DeviceKind : uint8_t { Cpu, Cuda, Auto };
 enum class DataKind : uint8_t { Synthetic, Text, Tokens };
 enum class TokenDType : uint8_t { U16, U32 };
+enum class TokenFormat : uint8_t { Llmc, Headerless };
 
-/// YAML spellings: "cpu" | "cuda" | "auto"; "synthetic" | "text" | "tokens"; "uint16" | "uint32".
+/// YAML spellings: "cpu" | "cuda" | "auto"; "synthetic" | "text" | "tokens"; "uint16" | "uint32"; "llmc" |
+/// "headerless".
 std::span<const Named<DeviceKind>> names_of(DeviceKind);
 std::span<const Named<DataKind>> names_of(DataKind);
 std::span<const Named<TokenDType>> names_of(TokenDType);
+std::span<const Named<TokenFormat>> names_of(TokenFormat);
 
 // clang-format off
 struct TrainConfig {
@@ -54,6 +57,7 @@ struct TrainConfig {
 struct DataConfig {
   DataKind kind = DataKind::Synthetic;  // synthetic (seeded learnable Markov-chain tokens) | text (UTF-8: bytes, or data.tokenizer's tokens) | tokens (uint16/uint32 .bin)
   std::string path;                     // file or directory for text/tokens; unused for synthetic
+  TokenFormat token_format = TokenFormat::Llmc;  // tokens files: llmc (each an llm.c shard, header checked) | headerless (raw tokens of data.token_dtype)
   TokenDType token_dtype = TokenDType::U16;  // token width of headerless tokens files (llm.c shards give their own)
   std::string tokenizer;                // SentencePiece tokenizer.model (text/tokens): encodes data.kind text instead of bytes; its vocabulary must equal model.vocab_size; checkpoints hold a copy
   std::string val_path;                 // validation data for text/tokens, a file or directory of data.path's format; empty = none

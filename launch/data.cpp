@@ -317,66 +317,93 @@ int64_t first_at_or_above(const unsigned char* p, int64_t lo, int64_t hi, int64_
   return -1;
 }
 
-TokenShard open_shard(const fs::path& path, TokenDType headerless_dtype) {
-  TokenShard shard{path.string(), MappedFile(path, "tokens"), 0, 2, 0, ""};
+// llm.c's shard kinds: the magic names the token width, and each magic has one
+// version (llm.c's dev/data/data_common.py).
+struct LlmcKind {
+  uint32_t magic;
+  uint32_t version;
+  int width;
+};
+constexpr LlmcKind kLlmcKinds[] = {{kMagicGpt2, 1, 2}, {kMagicLlama3, 7, 4}};
+
+const LlmcKind* llmc_kind(uint32_t magic) {
+  for (const LlmcKind& k : kLlmcKinds)
+    if (k.magic == magic) return &k;
+  return nullptr;
+}
+
+// data.token_format llmc: the header must be whole and valid (magic, version,
+// count == the file's tokens); nothing is ever read as headerless tokens.
+void open_llmc_shard(TokenShard& shard) {
   const std::string& name = shard.path;
   const size_t bytes = shard.file.size();
-  ST_CHECK(bytes > 0, "tokens file '{}' is empty", name);
+  const uint32_t magic = bytes >= 4 ? read_u32_le(shard.file.data()) : 0;
+  const LlmcKind* kind = llmc_kind(magic);
+  ST_CHECK(kind != nullptr,
+           "tokens file '{}' is not an llm.c shard: {} instead of the magic {} (uint16 tokens) or {} (uint32 "
+           "tokens); for raw tokens without a header set data.token_format: headerless (and data.token_dtype)",
+           name, bytes >= 4 ? format("it starts with {}", magic) : format("it has only {} bytes", bytes), kMagicGpt2,
+           kMagicLlama3);
+  ST_CHECK(bytes >= kHeaderBytes,
+           "tokens file '{}' has {} bytes but starts with the llm.c magic {}: it is shorter than the 1024-byte "
+           "header, so it is truncated",
+           name, bytes, magic);
+  const unsigned char* h = shard.file.data();
+  const uint32_t version = read_u32_le(h + 4);
+  const int64_t count = static_cast<int32_t>(read_u32_le(h + 8));
+  ST_CHECK(version == kind->version,
+           "tokens file '{}': its llm.c header (magic {}) has version {}; llm.c's uint{} shards have version {}, so "
+           "the header is damaged or of a format we do not read",
+           name, magic, version, 8 * kind->width, kind->version);
+  ST_CHECK(count >= 0, "tokens file '{}': its llm.c header (magic {}) gives a negative token count {}", name, magic,
+           count);
+  const uint64_t expected = kHeaderBytes + static_cast<uint64_t>(count) * static_cast<uint64_t>(kind->width);
+  ST_CHECK(bytes == expected,
+           "tokens file '{}' has {} bytes, but its llm.c header (magic {}, {} uint{} tokens) means {} bytes "
+           "(1024 + {} x {}); the file is truncated or the header is wrong",
+           name, bytes, magic, count, 8 * kind->width, expected, count, kind->width);
+  shard.data_offset = kHeaderBytes;
+  shard.width = kind->width;
+  shard.num_tokens = count;
+  shard.layout = format("llm.c v{} uint{}", version, 8 * kind->width);
+}
 
-  // A file that starts like an llm.c shard but ends inside the header was cut
-  // short; reading it as headerless tokens would train on its header.
-  if (bytes >= 4 && bytes < kHeaderBytes) {
+// data.token_format headerless: every byte is a token, so a file that starts
+// with an llm.c magic (an llm.c shard, whose header would become tokens) is refused.
+void open_headerless(TokenShard& shard, TokenDType dtype) {
+  const std::string& name = shard.path;
+  const size_t bytes = shard.file.size();
+  if (bytes >= 4) {
     const uint32_t magic = read_u32_le(shard.file.data());
-    ST_CHECK(magic != kMagicGpt2 && magic != kMagicLlama3,
-             "tokens file '{}' has {} bytes but starts with the llm.c magic {}: it is shorter than the 1024-byte "
-             "header, so it is truncated",
-             name, bytes, magic);
+    ST_CHECK(llmc_kind(magic) == nullptr,
+             "tokens file '{}' starts with the llm.c magic {}: it is an llm.c shard, which data.token_format "
+             "headerless would read header and all; set data.token_format: llmc",
+             name, magic);
   }
-  if (bytes >= kHeaderBytes) {
-    const unsigned char* h = shard.file.data();
-    const uint32_t magic = read_u32_le(h);
-    const uint32_t version = read_u32_le(h + 4);
-    const int64_t count = static_cast<int32_t>(read_u32_le(h + 8));
-    if (magic == kMagicGpt2 || magic == kMagicLlama3) {
-      const int width = magic == kMagicGpt2 ? 2 : 4;
-      ST_CHECK(count >= 0, "tokens file '{}': its llm.c header (magic {}) gives a negative token count {}", name, magic,
-               count);
-      const uint64_t expected = kHeaderBytes + static_cast<uint64_t>(count) * static_cast<uint64_t>(width);
-      ST_CHECK(bytes == expected,
-               "tokens file '{}' has {} bytes, but its llm.c header (magic {}, {} uint{} tokens) means {} bytes "
-               "(1024 + {} x {}); the file is truncated or the header is wrong",
-               name, bytes, magic, count, 8 * width, expected, count, width);
-      shard.data_offset = kHeaderBytes;
-      shard.width = width;
-      shard.num_tokens = count;
-      shard.layout = format("llm.c v{} uint{}", version, 8 * width);
-      return shard;
-    }
-    // A header whose token count matches the file size cannot be chance: this
-    // is an llm.c shard of a kind we do not know, not headerless tokens, and
-    // reading its header as tokens would train on garbage.
-    const uint64_t body = bytes - kHeaderBytes;
-    ST_CHECK(count <= 0 || (body != static_cast<uint64_t>(count) * 2 && body != static_cast<uint64_t>(count) * 4),
-             "tokens file '{}' has an llm.c header (its token count {} matches the file size) with bad magic {}; "
-             "expected {} (uint16 tokens) or {} (uint32 tokens)",
-             name, count, magic, kMagicGpt2, kMagicLlama3);
-  }
-
-  const int width = headerless_dtype == TokenDType::U16 ? 2 : 4;
+  const int width = dtype == TokenDType::U16 ? 2 : 4;
   ST_CHECK(bytes % static_cast<size_t>(width) == 0,
            "tokens file '{}' has {} bytes, not a multiple of {} (data.token_dtype: {} tokens)", name, bytes, width,
-           to_string(headerless_dtype));
+           to_string(dtype));
   shard.width = width;
   shard.num_tokens = static_cast<int64_t>(bytes / static_cast<size_t>(width));
-  shard.layout = std::string(to_string(headerless_dtype));
+  shard.layout = std::string(to_string(dtype));
+}
+
+TokenShard open_shard(const fs::path& path, TokenFormat token_format, TokenDType headerless_dtype) {
+  TokenShard shard{path.string(), MappedFile(path, "tokens"), 0, 2, 0, ""};
+  ST_CHECK(shard.file.size() > 0, "tokens file '{}' is empty", shard.path);
+  if (token_format == TokenFormat::Llmc)
+    open_llmc_shard(shard);
+  else
+    open_headerless(shard, headerless_dtype);
   return shard;
 }
 
 class TokensDataset final : public Dataset {
  public:
   // `key` is the config key that named the path (data.path, data.val_path), for errors.
-  TokensDataset(const std::string& path, std::string_view key, TokenDType headerless_dtype, int64_t vocab_size,
-                int64_t seq_len)
+  TokensDataset(const std::string& path, std::string_view key, TokenFormat token_format, TokenDType headerless_dtype,
+                int64_t vocab_size, int64_t seq_len)
       : path_(path), vocab_(vocab_size), seq_len_(seq_len) {
     ST_CHECK(fs::exists(path), "tokens path '{}' ({}) does not exist", path, key);
     std::vector<fs::path> files;
@@ -392,7 +419,7 @@ class TokensDataset final : public Dataset {
     first_sample_.push_back(0);
     int64_t longest = 0;
     for (const fs::path& f : files) {
-      shards_.push_back(open_shard(f, headerless_dtype));
+      shards_.push_back(open_shard(f, token_format, headerless_dtype));
       longest = std::max(longest, shards_.back().num_tokens);
       first_sample_.push_back(first_sample_.back() + windows_in(shards_.back().num_tokens, seq_len_));
     }
@@ -631,7 +658,7 @@ std::unique_ptr<Dataset> from_file(const Config& config, const std::string& path
     return std::make_unique<TextDataset>(path, key, vocab, seq_len);
   }
   ST_CHECK(config.data.kind == DataKind::Tokens, "unknown data.kind {}", static_cast<int>(config.data.kind));
-  return std::make_unique<TokensDataset>(path, key, config.data.token_dtype, vocab, seq_len);
+  return std::make_unique<TokensDataset>(path, key, config.data.token_format, config.data.token_dtype, vocab, seq_len);
 }
 
 }  // namespace

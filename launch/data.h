@@ -84,11 +84,14 @@ ToyTeacher toy_teacher(uint64_t seed);
 ///   (len - 1) / seq_len of them fit. With data.tokenizer the file is encoded
 ///   once at start-up as one document (encode_document: BOS, ids, EOS) and
 ///   its tokens are tiled the same way.
-/// tokens: a file or a directory of *.bin files (sorted by name). A file is an
-///   llm.c shard when it starts with a 1024-byte header of int32 (magic
-///   20240520: uint16 tokens, 20240801: uint32 tokens; version; token count),
-///   else headerless tokens of width data.token_dtype; a file that starts with
-///   an llm.c magic but is shorter than the header is an error. Samples are
+/// tokens: a file or a directory of *.bin files (sorted by name), all of
+///   data.token_format. llmc (the default): each file is an llm.c shard, a
+///   1024-byte header of int32 (magic 20240520 with version 1: uint16 tokens;
+///   magic 20240801 with version 7: uint32 tokens; token count; zeros), then
+///   exactly that many tokens; any other magic or version, or a count that
+///   does not match the file's size, is an error naming the file. headerless:
+///   raw tokens of width data.token_dtype; a file that starts with an llm.c
+///   magic is an error (its header would be read as tokens). Samples are
 ///   tiled as for text within each file and never cross a file boundary; a
 ///   token >= model.vocab_size is found by find_bad_token() at start-up.
 /// toy (model.name toy): inputs uniform in [0, 1), targets from toy_teacher(seed).

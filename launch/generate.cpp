@@ -31,6 +31,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/commit.h"
+#include "checkpoint/fs.h"
 #include "checkpoint/index.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/state.h"
@@ -183,10 +184,10 @@ GenerateArgs parse_generate_args(const std::vector<std::string>& argv) {
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open {}", path.string());
+  ST_CHECK(in.good(), "cannot open {}: {}", path.string(), st::checkpoint::errno_text());
   std::stringstream text;
   text << in.rdbuf();
-  ST_CHECK(in.good() || in.eof(), "cannot read {}", path.string());
+  ST_CHECK(in.good() || in.eof(), "cannot read {}: {}", path.string(), st::checkpoint::errno_text());
   return text.str();
 }
 

@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "checkpoint/fs.h"
@@ -81,7 +82,8 @@ std::string prepare_usage() {
          "  --train-tokenizer     first train a SentencePiece BPE model with byte fallback (LLaMA's\n"
          "                        settings) on the input, written to DIR/tokenizer.model\n"
          "  --vocab-size N        its vocabulary (with --train-tokenizer; > 259)\n"
-         "  --tokenizer-sentences N  lines sampled from the input to train it (default 1000000)\n"
+         "  --tokenizer-sentences N  sentences (lines; long ones cut) sampled from the input to train it\n"
+         "                        (default 1000000)\n"
          "  (neither: byte-level tokens, vocabulary 256)\n"
          "  --val-fraction F      fraction of every piece of text's tokens (its end) kept for\n"
          "                        validation, in [0, 1) (default 0.05; 0: no DIR/val)\n"
@@ -320,7 +322,8 @@ void prepare_output(const fs::path& out, bool overwrite, bool writes_tokenizer) 
 // ---------------------------------------------------------------------------
 // The tokenizer.
 
-// Lines of the input files in order, for training (empty lines skipped).
+// Lines of the input files in order, for training (empty lines skipped;
+// train_tokenizer skips whitespace-only ones and cuts long ones).
 class LineReader {
  public:
   explicit LineReader(const std::vector<InputFile>& files) : files_(files) {}
@@ -330,10 +333,10 @@ class LineReader {
         if (line.empty()) continue;
         return true;
       }
-      ST_CHECK(!in_.bad(), "cannot read '{}'", files_[file_ - 1].path.string());
+      ST_CHECK(!in_.bad(), "cannot read '{}': {}", files_[file_ - 1].path.string(), st::checkpoint::errno_text());
       if (file_ == files_.size()) return false;
       in_ = std::ifstream(files_[file_++].path, std::ios::binary);
-      ST_CHECK(in_.is_open(), "cannot open '{}'", files_[file_ - 1].path.string());
+      ST_CHECK(in_.is_open(), "cannot open '{}': {}", files_[file_ - 1].path.string(), st::checkpoint::errno_text());
     }
   }
 
@@ -348,6 +351,9 @@ Tokenizer train_on_inputs(const PrepareArgs& a, const Inputs& inputs, int thread
   options.vocab_size = a.vocab_size;
   options.max_sentences = a.tokenizer_sentences;
   options.threads = threads;
+  options.input = inputs.files.size() == 1
+                      ? format("the input '{}'", inputs.files[0].path.string())
+                      : format("the {} input files ('{}', ...)", inputs.files.size(), inputs.files[0].path.string());
   std::fprintf(stderr, "prepare: training a SentencePiece BPE tokenizer of %lld tokens on up to %s lines of %s...\n",
                static_cast<long long>(a.vocab_size), with_commas(a.tokenizer_sentences).c_str(),
                human_bytes(static_cast<int64_t>(inputs.bytes)).c_str());
@@ -381,14 +387,15 @@ Tokenizer obtain_tokenizer(const PrepareArgs& a, const Inputs& inputs, int threa
 
 // Writes one split's llm.c shards, DIR/<split>/<split>_NNNNNN.bin, each of at
 // most `shard_tokens` tokens. A shard is written as <name>.tmp and renamed
-// once complete, so a *.bin file is always whole.
+// once complete, so a *.bin file is always whole. Errors name the file and
+// the system's reason (st::checkpoint's file primitives).
 class ShardWriter {
  public:
   ShardWriter(fs::path dir, std::string split, int64_t shard_tokens, int width)
       : dir_(std::move(dir)), split_(std::move(split)), shard_tokens_(shard_tokens), width_(width) {}
   ~ShardWriter() {
-    if (out_.is_open()) {  // an error before close(): drop the partial shard
-      out_.close();
+    if (out_.valid()) {  // an error before close(): drop the partial shard
+      out_ = st::checkpoint::UniqueFd();
       std::error_code ec;
       fs::remove(tmp_path(), ec);
     }
@@ -396,7 +403,7 @@ class ShardWriter {
 
   void write(std::span<const int32_t> tokens) {
     while (!tokens.empty()) {
-      if (!out_.is_open()) open_next();
+      if (!out_.valid()) open_next();
       const size_t n = std::min(tokens.size(), static_cast<size_t>(shard_tokens_ - in_shard_));
       buffer_.resize(n * static_cast<size_t>(width_));
       for (size_t i = 0; i < n; ++i) {
@@ -404,8 +411,7 @@ class ShardWriter {
         std::memcpy(buffer_.data() + i * static_cast<size_t>(width_), &v,
                     static_cast<size_t>(width_));  // little-endian
       }
-      out_.write(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
-      ST_CHECK(out_.good(), "cannot write '{}'", tmp_path().string());
+      st::checkpoint::write_all(out_.get(), buffer_.data(), buffer_.size(), what());
       in_shard_ += static_cast<int64_t>(n);
       total_ += static_cast<int64_t>(n);
       tokens = tokens.subspan(n);
@@ -415,11 +421,10 @@ class ShardWriter {
 
   /// Finishes the open shard; returns the number of shards written.
   int64_t close() {
-    if (!out_.is_open()) return shards_;
-    out_.seekp(0);
-    write_header(in_shard_);
-    out_.close();
-    ST_CHECK(!out_.fail(), "cannot write '{}'", tmp_path().string());
+    if (!out_.valid()) return shards_;
+    const auto final_header = header(in_shard_);
+    st::checkpoint::pwrite_all(out_.get(), final_header.data(), sizeof(final_header), 0, what());
+    out_.close_checked(tmp_path());
     st::checkpoint::rename_path(tmp_path(), path());
     ++shards_;
     in_shard_ = 0;
@@ -435,31 +440,32 @@ class ShardWriter {
     return dir_ / (split_ + "_" + std::string(6 - std::min<size_t>(6, number.size()), '0') + number + ".bin");
   }
   fs::path tmp_path() const { return fs::path(path().string() + ".tmp"); }
+  std::string what() const { return format("shard '{}'", tmp_path().string()); }
 
   void open_next() {
     std::error_code ec;
     fs::create_directories(dir_, ec);
     ST_CHECK(!ec, "cannot create '{}': {}", dir_.string(), ec.message());
-    out_.open(tmp_path(), std::ios::binary | std::ios::trunc);
-    ST_CHECK(out_.is_open(), "cannot create '{}'", tmp_path().string());
-    write_header(0);
+    out_ = st::checkpoint::UniqueFd(::open(tmp_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    ST_CHECK(out_.valid(), "cannot create shard '{}': {}", tmp_path().string(), st::checkpoint::errno_text());
+    const auto placeholder = header(0);  // the count is written at close()
+    st::checkpoint::write_all(out_.get(), placeholder.data(), sizeof(placeholder), what());
   }
 
-  void write_header(int64_t count) {
+  std::array<int32_t, st::launch::kLlmcHeaderBytes / 4> header(int64_t count) const {
     static_assert(std::endian::native == std::endian::little, "llm.c shards are little-endian");
-    std::array<int32_t, st::launch::kLlmcHeaderBytes / 4> header{};
-    header[0] = static_cast<int32_t>(width_ == 2 ? st::launch::kLlmcMagicU16 : st::launch::kLlmcMagicU32);
-    header[1] = width_ == 2 ? 1 : 7;  // llm.c's versions: 1 for GPT-2 (uint16) shards, 7 for LLaMA 3 (uint32)
-    header[2] = static_cast<int32_t>(count);
-    out_.write(reinterpret_cast<const char*>(header.data()), sizeof(header));
-    ST_CHECK(out_.good(), "cannot write '{}'", tmp_path().string());
+    std::array<int32_t, st::launch::kLlmcHeaderBytes / 4> h{};
+    h[0] = static_cast<int32_t>(width_ == 2 ? st::launch::kLlmcMagicU16 : st::launch::kLlmcMagicU32);
+    h[1] = width_ == 2 ? 1 : 7;  // llm.c's versions: 1 for GPT-2 (uint16) shards, 7 for LLaMA 3 (uint32)
+    h[2] = static_cast<int32_t>(count);
+    return h;
   }
 
   fs::path dir_;
   std::string split_;
   int64_t shard_tokens_;
   int width_;
-  std::ofstream out_;
+  st::checkpoint::UniqueFd out_;
   std::vector<char> buffer_;
   int64_t in_shard_ = 0;
   int64_t shards_ = 0;

@@ -140,7 +140,7 @@ std::string read_file(const std::string& path) {
   ST_CHECK(in.good(), "cannot open tokenizer '{}': {}", path, std::strerror(errno));
   std::ostringstream bytes;
   bytes << in.rdbuf();
-  ST_CHECK(!in.bad(), "cannot read tokenizer '{}'", path);
+  ST_CHECK(!in.bad(), "cannot read tokenizer '{}': {}", path, std::strerror(errno));
   return bytes.str();
 }
 
@@ -222,11 +222,21 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, TextStart start) c
     for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
     return ids;
   }
+  std::vector<int32_t> out;
   std::vector<int> ids;
-  const spm::util::Status status = impl_->processor(start).Encode(text, &ids);
-  ST_CHECK(status.ok(), "tokenizer '{}' cannot encode a text of {} bytes: {}", impl_->path, text.size(),
-           status.ToString());
-  return {ids.begin(), ids.end()};
+  // Chunk by chunk (one chunk for a tokenizer that normalizes: it cannot be cut exactly).
+  size_t begin = 0;
+  do {
+    const bool whole = !impl_->splits_at_lines || text.size() - begin <= kEncodeChunkBytes;
+    const size_t end = whole ? text.size() : text_cut(text, begin + kEncodeChunkBytes, kEncodeChunkBytes);
+    const std::string_view chunk = text.substr(begin, end - begin);
+    const spm::util::Status status = impl_->processor(begin == 0 ? start : TextStart::Continuation).Encode(chunk, &ids);
+    ST_CHECK(status.ok(), "tokenizer '{}' cannot encode a text of {} bytes: {}", impl_->path, chunk.size(),
+             status.ToString());
+    out.insert(out.end(), ids.begin(), ids.end());
+    begin = end;
+  } while (begin < text.size());
+  return out;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {
@@ -282,13 +292,26 @@ size_t piece_count(const Tokenizer& tokenizer, size_t text_bytes, size_t target_
   return std::max<size_t>(1, (text_bytes + target_bytes - 1) / target_bytes);
 }
 
+size_t text_cut(std::string_view text, size_t from, size_t window) {
+  if (from >= text.size()) return text.size();
+  const size_t limit = std::min(text.size(), from + window);  // candidates are < limit
+  if (from > 0) {
+    const size_t newline = text.find('\n', from - 1);
+    if (newline != std::string_view::npos && newline + 1 < limit) return newline + 1;
+  }
+  for (size_t space = text.find(' ', std::max<size_t>(from, 1)); space < limit; space = text.find(' ', space + 1))
+    if (text[space - 1] != ' ') return space;
+  size_t at = from;
+  while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xc0) == 0x80) ++at;  // UTF-8 continuation
+  return at;
+}
+
 namespace {
 
 size_t cut(std::string_view text, size_t k, size_t count, size_t target_bytes) {
   if (k == 0) return 0;
   if (k >= count) return text.size();
-  const size_t newline = text.find('\n', k * target_bytes - 1);
-  return newline == std::string_view::npos ? text.size() : newline + 1;
+  return text_cut(text, k * target_bytes, target_bytes);
 }
 
 }  // namespace
@@ -363,18 +386,45 @@ std::string hf_special_tokens_map_json(const Tokenizer& t) {
 
 namespace {
 
-/// Feeds SentencePiece's trainer from a callback.
-class LineSource final : public spm::SentenceIterator {
+bool has_text(std::string_view line) { return line.find_first_not_of(" \t\r\v\f") != std::string_view::npos; }
+
+/// Feeds SentencePiece's trainer sentences from a callback's lines: lines
+/// without text are skipped, long ones cut (TokenizerTraining), so a text
+/// of one long line trains too. The first sentence is read on construction,
+/// so done() then says whether there is any.
+class SentenceSource final : public spm::SentenceIterator {
  public:
-  explicit LineSource(const std::function<bool(std::string&)>& next) : next_(next) { Next(); }
+  SentenceSource(const std::function<bool(std::string&)>& next, size_t max_bytes) : next_(next), max_(max_bytes) {
+    Next();
+  }
   bool done() const override { return done_; }
-  void Next() override { done_ = !next_(line_); }
-  const std::string& value() const override { return line_; }
+  void Next() override {
+    do {
+      while (at_ >= line_.size()) {  // the current line is used up
+        at_ = 0;
+        if (!next_(line_)) {
+          done_ = true;
+          return;
+        }
+      }
+      const std::string_view rest = std::string_view(line_).substr(at_);
+      // A cut lies in [from, from + window), so from + window - 1 = max_ bounds the sentence.
+      const size_t window = std::max<size_t>(4, max_ / 4);
+      const size_t end = rest.size() <= max_ ? rest.size() : text_cut(rest, max_ + 1 - window, window);
+      sentence_.assign(rest.substr(0, end));
+      // Cut before a space: the next sentence's dummy prefix stands for that space.
+      at_ += end + (end < rest.size() && rest[end] == ' ' ? 1 : 0);
+    } while (!has_text(sentence_));
+  }
+  const std::string& value() const override { return sentence_; }
   spm::util::Status status() const override { return {}; }
 
  private:
   const std::function<bool(std::string&)>& next_;
+  size_t max_;
   std::string line_;
+  size_t at_ = 0;  // bytes of line_ already given out
+  std::string sentence_;
   bool done_ = false;
 };
 
@@ -406,14 +456,22 @@ std::string train_tokenizer(const TokenizerTraining& o, const std::function<bool
       {"eos_id", "2"},
       {"pad_id", "-1"},
       {"input_sentence_size", std::to_string(o.max_sentences)},
+      {"max_sentence_length", std::to_string(o.max_sentence_bytes)},
       {"shuffle_input_sentence", "true"},
       {"num_threads", std::to_string(std::max(o.threads, 1))},
       {"minloglevel", "1"},  // SentencePiece's progress lines; warnings still print
   };
+  ST_CHECK(o.max_sentence_bytes >= 16, "a sentence of at most {} bytes is too short to train on", o.max_sentence_bytes);
   spm::SetRandomGeneratorSeed(o.seed);
-  LineSource lines(next_line);
+  SentenceSource sentences(next_line, static_cast<size_t>(o.max_sentence_bytes));
+  // SentencePiece would stop with its internal "[!sentences_.empty()]".
+  ST_CHECK(!sentences.done(),
+           "cannot train a tokenizer on {}: it holds no text (every line is empty or only whitespace); give it "
+           "text, or encode without training: --tokenizer PATH (an existing tokenizer.model) or neither flag "
+           "(byte-level tokens)",
+           o.input);
   std::string model;
-  const spm::util::Status status = spm::SentencePieceTrainer::Train(args, &lines, &model);
+  const spm::util::Status status = spm::SentencePieceTrainer::Train(args, &sentences, &model);
   ST_CHECK(status.ok(), "training the tokenizer (--vocab-size {}) failed: {}", o.vocab_size, status.ToString());
   return model;
 }

@@ -42,7 +42,11 @@ class Tokenizer {
 
   /// Ids are in [0, vocab_size()).
   int64_t vocab_size() const;
-  /// The ids of `text` (UTF-8), without BOS or EOS.
+  /// The ids of `text` (UTF-8), without BOS or EOS. SentencePiece needs
+  /// about 120 bytes of memory per byte it encodes at once, so when
+  /// splits_at_lines() a text longer than kEncodeChunkBytes is encoded chunk
+  /// by chunk, cut by text_cut(): memory follows the chunk, not the text (a
+  /// 50 MB line took 5.9 GB whole).
   std::vector<int32_t> encode(std::string_view text, TextStart start = TextStart::Document) const;
   /// The text of `ids` (control tokens such as BOS/EOS give nothing); an id
   /// outside the vocabulary is an error. decode(encode(s)) == s for UTF-8 `s`
@@ -83,14 +87,32 @@ class Tokenizer {
   std::shared_ptr<const Impl> impl_;
 };
 
+/// Where a text may be cut at or after byte `from`, looking no further than
+/// `window` bytes: just after a '\n'; failing that, just before a ' ' that
+/// follows a byte other than ' ' (where a word starts); failing both (a run
+/// of `window` bytes without a line end or a space), the first UTF-8
+/// character boundary. text.size() when `from` is at or past the end. The
+/// result lies in [from, from + window) for window >= 4, so cuts at
+/// increasing `from` a window apart never cross.
+///
+/// For a tokenizer that splits_at_lines(), encoding the two sides of a cut
+/// of the first two kinds (the second side as TextStart::Continuation) gives
+/// exactly the ids of the whole: SentencePiece trained with
+/// split_by_whitespace (prepare's and LLaMA's settings) has no piece that
+/// spans a line end or runs from a word on into the space after it. At a cut
+/// of the third kind the ids near the cut may differ (the text decodes the same).
+size_t text_cut(std::string_view text, size_t from, size_t window);
+/// Largest text SentencePiece encodes in one call (encode() cuts longer ones).
+inline constexpr size_t kEncodeChunkBytes = size_t{64} << 10;
+
 /// A text cut into pieces to encode in parallel: piece k (0 <= k <
 /// piece_count) is [cut(k), cut(k + 1)), where cut(0) = 0, cut(count) = the
-/// text's end, and cut(k) is just after the first '\n' at or after byte
-/// k * target_bytes - 1 (the text's end when there is none). Encoding the
-/// pieces (the one at 0 as TextStart::Document, the rest as Continuation)
-/// gives the ids of the whole. Each cut depends only on the text near it, so
-/// a worker finds its own piece, and the result is the same for any number
-/// of threads. One piece when !tokenizer.splits_at_lines(); pieces may be empty.
+/// text's end, and cut(k) = text_cut(text, k * target_bytes, target_bytes).
+/// Encoding the pieces (the one at 0 as TextStart::Document, the rest as
+/// Continuation) gives the ids of the whole (see text_cut). Each cut depends
+/// only on the text near it, so a worker finds its own piece, and the result
+/// is the same for any number of threads. One piece when
+/// !tokenizer.splits_at_lines(); pieces are at most 2 x target_bytes.
 struct TextPiece {
   size_t begin = 0, end = 0;
 };
@@ -121,10 +143,15 @@ inline constexpr std::string_view kSpecialTokensMapName = "special_tokens_map.js
 /// How prepare trains a tokenizer: a SentencePiece BPE model with LLaMA's
 /// settings (byte fallback, split digits, identity normalization, the dummy
 /// prefix, extra whitespace kept, unk/bos/eos ids 0/1/2, no pad) on at most
-/// `max_sentences` lines sampled from the input.
+/// `max_sentences` sentences sampled from the input: its lines, less those
+/// that are empty or only whitespace, with a line longer than
+/// `max_sentence_bytes` cut into sentences by text_cut (SentencePiece would
+/// drop it).
 struct TokenizerTraining {
   int64_t vocab_size = 32000;
-  int64_t max_sentences = 1000000;  // input_sentence_size: lines sampled (shuffled) for training
+  int64_t max_sentences = 1000000;    // input_sentence_size: sentences sampled (shuffled) for training
+  int64_t max_sentence_bytes = 4192;  // max_sentence_length (SentencePiece's default)
+  std::string input = "the input";    // what the lines come from, for errors: "'corpus.txt'"
   double character_coverage = 0.99995;
   int threads = 1;
   uint32_t seed = 1234;  // the line sample
@@ -133,7 +160,8 @@ struct TokenizerTraining {
 /// Trains a model on the lines `next_line` yields (it returns false at the
 /// end) and returns the serialized model, the bytes of a tokenizer.model.
 /// Errors (a vocabulary too small for byte fallback, or too large for the
-/// text) name `--vocab-size`.
+/// text) name `--vocab-size`; lines with no text at all (empty or only
+/// whitespace) are refused before SentencePiece runs, naming `input`.
 std::string train_tokenizer(const TokenizerTraining& options, const std::function<bool(std::string&)>& next_line);
 
 }  // namespace st::launch

@@ -186,7 +186,8 @@ def check_bad_input(trainer, tmp):
     tokens = os.path.join(tmp, "train.bin")  # headerless uint16 tokens below model.vocab_size
     with open(tokens, "wb") as f:
         f.write(bytes(i % 251 for i in range(20000)))
-    expect_error(trainer, tmp, ["data.kind=tokens", f"data.path={tokens}", f"data.val_path={missing}",
+    expect_error(trainer, tmp, ["data.kind=tokens", "data.token_format=headerless", f"data.path={tokens}",
+                                f"data.val_path={missing}",
                                 "eval.interval=5"],
                  f"tokens path '{missing}' (data.val_path) does not exist")
     expect_error(trainer, tmp, ["data.kind=text", f"data.path={TEXT}", f"data.val_path={missing}", "eval.interval=5"],

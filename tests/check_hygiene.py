@@ -21,16 +21,20 @@ CHECK is one of:
   errors-once  a bad key at 4 ranks prints exactly one error line; so do an
                unusable checkpoint.dir, a checkpoint that does not fit and a
                finished run; a failed job through scripts/launch ends promptly
+  relative-dir a relative checkpoint.dir, run from another working directory:
+               the fresh start, the resume and an unusable directory each name it
+               as given and as an absolute path
 Each check prints what it observed; a failure exits 1.
 """
 import hashlib
 import os
+import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_training import expect, fail, mpirun, run, sets  # noqa: E402
+from check_training import ROOT, expect, fail, mpirun, run, sets  # noqa: E402
 
 TINY = "configs/llama-tiny.yaml"
 TOY = "configs/toy.yaml"
@@ -197,9 +201,34 @@ def check_errors_once(trainer, tmp):
         fail(f"scripts/launch took {time.time() - t0:.0f} s to end a failed job")
 
 
+def check_relative_dir(trainer, tmp):
+    work = os.path.join(tmp, "work")
+    os.makedirs(work)
+    rel = os.path.join("runs", "toy")
+    absolute = os.path.join(work, rel)
+    toy = os.path.join(ROOT, TOY)
+
+    def in_work(*args):
+        return subprocess.run([trainer, "--config", toy] + list(args), cwd=work, capture_output=True, text=True)
+
+    first = in_work("--steps", "2", *sets(checkpoint__dir=rel))
+    expect(first, 0, f"--resume auto: no step directory in {rel} ({absolute}); starting from step 0",
+           what="relative checkpoint.dir, fresh start")
+    again = in_work("--steps", "4", *sets(checkpoint__dir=rel))
+    step = os.path.join(rel, "step-000002")
+    expect(again, 0, f"resumed from {step} ({os.path.join(absolute, 'step-000002')})", what="relative resume")
+    with open(os.path.join(work, "file"), "w") as f:
+        f.write("not a directory")
+    bad = in_work("--steps", "2", *sets(checkpoint__dir="file/ckpt"))
+    expect(bad, 1, f"checkpoint.dir 'file/ckpt' ({os.path.join(work, 'file', 'ckpt')}) cannot be created",
+           what="relative checkpoint.dir under a file")
+    print(f"relative-dir: fresh start, resume and probe name {rel} as {absolute}")
+
+
 def main():
     trainer, check = os.path.abspath(sys.argv[1]), sys.argv[2]
-    checks = {"overwrite": check_overwrite, "messages": check_messages, "errors-once": check_errors_once}
+    checks = {"overwrite": check_overwrite, "messages": check_messages, "errors-once": check_errors_once,
+              "relative-dir": check_relative_dir}
     with tempfile.TemporaryDirectory() as tmp:
         checks[check](trainer, tmp)
 

@@ -15,7 +15,13 @@ CHECK is one of:
               errors naming the path; an output directory with shards is refused without
               --overwrite, and --overwrite replaces the shards but no other file; a
               --vocab-size too small for byte fallback and a --tokenizer that is no model
-              are errors naming them
+              are errors naming them; --train-tokenizer on a file of only whitespace is
+              refused naming the file (before SentencePiece runs); a shard that cannot
+              be written (its path a link to /dev/full) is an error with the reason
+  long-line   a 3 MB file of one line (the fortunes joined by spaces): --train-tokenizer
+              trains on it (the line cut into sentences), and --tokenizer encodes it
+              in 64 KiB chunks to exactly Python sentencepiece's ids of the whole line,
+              with a peak RSS far below the ~120 bytes per input byte of one call
   trainer     llama-tiny trains on prepare's shards (data.kind tokens, data.tokenizer) and
               on a text file encoded with data.tokenizer; a model.vocab_size that differs
               from the tokenizer's is an error naming the file and both sizes; the unified
@@ -189,6 +195,58 @@ def check_errors(prepare, tmp):
         fail(f"after --overwrite the output holds {left}")
     print("errors: --overwrite replaced the shards (val/ removed with its shard) and kept notes.txt, train/keep.txt")
 
+    blank = os.path.join(tmp, "blank.txt")
+    open(blank, "w").write("   \n\t\n\n  \r\n")
+    expect_error([prepare, blank, "--out", os.path.join(tmp, "blank-out"), "--train-tokenizer", "--vocab-size", "512"],
+                 f"cannot train a tokenizer on the input '{blank}': it holds no text (every line is empty or only "
+                 "whitespace)", "--tokenizer PATH", what="whitespace only")
+    full = os.path.join(tmp, "full")
+    os.makedirs(os.path.join(full, "train"))
+    tmp_shard = os.path.join(full, "train", "train_000000.bin.tmp")
+    os.symlink("/dev/full", tmp_shard)
+    expect_error([prepare, text, "--out", full, "--val-fraction", "0"],
+                 f"writing shard '{tmp_shard}' failed: No space left on device", what="write failure")
+
+
+def run_peak_rss(cmd):
+    """(exit code, output, peak RSS in MB) of `cmd` alone (os.wait4: its own rusage)."""
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        return proc.returncode, out.read().decode(errors="replace"), usage.ru_maxrss / 1024
+
+
+def check_long_line(prepare, tmp):
+    import sentencepiece
+    words = " ".join(" ".join(open(os.path.join(FORTUNES, n), encoding="utf-8").read().split("\n")) for n in TEXTS)
+    line = (words + " ") * (3_000_000 // len(words) + 1)
+    line = line[:3_000_000].rstrip()
+    src = os.path.join(tmp, "line.txt")
+    open(src, "w", encoding="utf-8").write(line)
+    trained = os.path.join(tmp, "trained")
+    run([prepare, src, "--out", trained, "--train-tokenizer", "--vocab-size", str(VOCAB), "--val-fraction", "0",
+         "--tokenizer-sentences", "20000"], what="--train-tokenizer on one line")
+    model = os.path.join(trained, "tokenizer.model")
+    out = os.path.join(tmp, "out")
+    code, log, rss = run_peak_rss([prepare, src, "--out", out, "--tokenizer", model, "--val-fraction", "0",
+                                   "--threads", "2"])
+    if code != 0:
+        sys.stderr.write(log[-3000:])
+        fail(f"prepare --tokenizer on one line of {len(line):,} bytes: exit {code}")
+    sp = sentencepiece.SentencePieceProcessor(model_file=model)
+    expected = [sp.bos_id()] + sp.encode(line) + [sp.eos_id()]
+    tokens = shard_tokens(out, "train")
+    if tokens != expected:
+        first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), min(len(tokens), len(expected)))
+        fail(f"one-line tokens differ from Python sentencepiece's at token {first} ({len(tokens)} vs {len(expected)})")
+    # One SentencePiece call on the whole line needed ~120 bytes per byte (360 MB here).
+    if rss > 150:
+        fail(f"prepare --tokenizer on one line of {len(line) / 1e6:.1f} MB peaked at {rss:.0f} MB RSS (> 150 MB)")
+    print(f"long-line: one line of {len(line) / 1e6:.1f} MB -> {len(tokens):,} tokens = Python sentencepiece's, "
+          f"peak RSS {rss:.0f} MB")
+
 
 def trainer_cmd(trainer, *sets):
     cmd = [trainer, "--config", "configs/llama-tiny.yaml", "--set", "train.steps=4", "--set", "logging.interval=4"]
@@ -255,6 +313,8 @@ def main():
             check_shards(prepare, tmp)
         elif check == "errors":
             check_errors(prepare, tmp)
+        elif check == "long-line":
+            check_long_line(prepare, tmp)
         elif check == "trainer":
             check_trainer(prepare, trainer, ckpt, tmp)
         else:

@@ -163,7 +163,9 @@ def check_bad_input(trainer, tmp):
     with open(bad, "wb") as f:
         f.write(bytes(1001))
     expect_error([trainer, "--config", "configs/llama-tiny.yaml", "--set", "data.kind=tokens", "--set",
-                  f"data.path={bad}"], "not a multiple of 2")
+                  "data.token_format=headerless", "--set", f"data.path={bad}"], "not a multiple of 2")
+    expect_error([trainer, "--config", "configs/llama-tiny.yaml", "--set", "data.kind=tokens", "--set",
+                  f"data.path={bad}"], f"tokens file '{bad}' is not an llm.c shard: it starts with 0 instead of")
     expect_error(mpirun(2) + [trainer, "--config", "configs/llama-tiny.yaml", "--set",
                               "train.global_batch_size=13"], "train.global_batch_size (13) must be divisible")
 

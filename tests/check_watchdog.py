@@ -12,6 +12,13 @@ CHECK is one of:
               and say rank 0 has stopped answering.
   no-alarm    a normal 4-rank run with comm.timeout_s 5 finishes with exit 0 and no
               watchdog line.
+  stop-save   llama-tiny at 2 ranks with comm.timeout_s 5 saving at step 2; rank 1
+              stops inside the save, after writing its files (the test hook
+              ST_TEST_PAUSE_AT=files_written@2, core/test_hook.h): the job exits
+              non-zero and rank 0's line says it waited during the checkpoint save
+              of step 2 (its finishing phase), not during the last unit's backward,
+              and that rank 1 is in the same save, writing its files (its heartbeat
+              carries its phase).
 Each check prints what it observed; a failure exits 1.
 """
 import os
@@ -114,12 +121,33 @@ def check_no_alarm(trainer, tmp):
         fail("a healthy run with comm.timeout_s 5 did not finish cleanly")
 
 
+def check_stop_save(trainer, tmp):
+    args = [trainer, "--config", TINY, "--steps", "4", "--set", "comm.timeout_s=5", "--set",
+            f"checkpoint.dir={os.path.join(tmp, 'ckpt')}", "--set", "checkpoint.interval=2"]
+    # Two app contexts: only rank 1 carries the hook (the paused rank waits until mpirun kills it).
+    cmd = mpirun(1) + args + [":", "-np", "1", "env", "ST_TEST_PAUSE_AT=files_written@2"] + args
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    text = proc.stdout + proc.stderr
+    root = [ln for ln in watchdog_lines(text) if ln.startswith("[0/2]")]
+    print(f"stop-save: exit {proc.returncode}")
+    for ln in root:
+        print(f"  {ln[:400]}")
+    want = ("made no progress for", "during the checkpoint save of step 2 (finishing: checksums, indexes, commit)",
+            "still computing: 1 (not waiting: computing for",
+            "during the checkpoint save of step 2 (writing this rank's files))")
+    if proc.returncode == 0 or "test hook: paused at files_written of step 2" not in text or not root or \
+            not all(w in root[0] for w in want) or "of unit" in root[0]:
+        sys.stderr.write(text[-3000:])
+        fail(f"rank 0's watchdog line does not name the save of step 2: expected {want}")
+
+
 def main():
     trainer, check = os.path.abspath(sys.argv[1]), sys.argv[2]
     with tempfile.TemporaryDirectory() as tmp:
         # Through scripts/launch too: its long odls_base_sigkill_timeout must not hold the aborted job.
         launched = [os.path.join(ROOT, "scripts", "launch"), "-np", "4"]
         {"stop-rank": check_stop_rank, "stop-root": check_stop_root, "no-alarm": check_no_alarm,
+         "stop-save": check_stop_save,
          "stop-rank-launch": lambda t, d: check_stop_rank(t, d, launched)}[check](trainer, tmp)
 
 

@@ -245,6 +245,27 @@ TEST(Config, LoadConfigNamesThePathAsGiven) {
   EXPECT_EQ(error_of([&] { load_config(path + ".missing"); }), "cannot open config file '" + path + ".missing'");
 }
 
+// A config file over kMaxConfigBytes is refused by its size, before it is read
+// or parsed (a 100 MB YAML took 26 s and 2.9 GB to accept); one at the limit loads.
+TEST(Config, ConfigFileOverTheSizeLimitIsRefused) {
+  TempDir dir;
+  const std::string big = (dir.path() / "big.yaml").string();
+  {
+    std::ofstream out(big);
+    out << "train:\n  steps: 3\n";
+    out << std::string(static_cast<size_t>(kMaxConfigBytes), '#');  // one comment line past the limit
+  }
+  const int64_t bytes = kMaxConfigBytes + 18;  // "train:\n  steps: 3\n" and the comment
+  EXPECT_EQ(error_of([&] { load_config(big); }),
+            "config file '" + big + "' is 1.0 MB (" + std::to_string(bytes) +
+                " bytes), over the limit of 1048576 bytes (1 MiB) for a config file; is --config the right file?");
+  std::filesystem::resize_file(big, static_cast<uintmax_t>(kMaxConfigBytes));
+  EXPECT_EQ(load_config(big).train.steps, 3);
+  EXPECT_EQ(load_error(std::string(static_cast<size_t>(kMaxConfigBytes) + 1, '#'), "x.yaml"),
+            "config x.yaml is 1048577 bytes, over the limit of 1048576 bytes (1 MiB) for a config; is it a config "
+            "file?");
+}
+
 TEST(Config, ConfigFileMustHoldSettings) {
   TempDir dir;
   const std::string d = dir.path().string();
@@ -613,8 +634,8 @@ TEST(Config, ToYamlRoundTrips) {
 
 TEST(Config, ConfigKeysCoverEveryKeyOnce) {
   const std::vector<ConfigKeyDoc> keys = config_keys();
-  // 12 model + 7 train + 6 data + 5 eval + 11 optim + 12 fsdp + 10 checkpoint + 1 comm + 5 logging.
-  EXPECT_EQ(keys.size(), 69u);
+  // 12 model + 7 train + 7 data + 5 eval + 11 optim + 12 fsdp + 10 checkpoint + 1 comm + 5 logging.
+  EXPECT_EQ(keys.size(), 70u);
   std::set<std::string> names;
   for (const ConfigKeyDoc& k : keys) {
     EXPECT_TRUE(names.insert(k.key).second) << "duplicate " << k.key;
@@ -642,6 +663,8 @@ TEST(Config, ConfigKeysCoverEveryKeyOnce) {
   EXPECT_EQ(find("checkpoint.async").type, "bool");
   EXPECT_EQ(find("data.path").type, "string");
   EXPECT_EQ(find("data.path").default_value, "\"\"");
+  EXPECT_EQ(find("data.token_format").type, "llmc | headerless");
+  EXPECT_EQ(find("data.token_format").default_value, "llmc");
   EXPECT_EQ(find("data.token_dtype").type, "uint16 | uint32");
   EXPECT_EQ(find("data.token_dtype").default_value, "uint16");
   EXPECT_EQ(find("data.val_path").type, "string");

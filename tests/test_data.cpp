@@ -110,6 +110,15 @@ Config llama_config(DataKind kind, const std::string& path, int64_t seq_len, int
   return c;
 }
 
+/// llama_config for raw tokens without a header (data.token_format headerless).
+Config headerless_config(const std::string& path, int64_t seq_len, int64_t vocab_size,
+                         TokenDType dtype = TokenDType::U16) {
+  Config c = llama_config(DataKind::Tokens, path, seq_len, vocab_size);
+  c.data.token_format = TokenFormat::Headerless;
+  c.data.token_dtype = dtype;
+  return c;
+}
+
 struct Sample {
   std::vector<int32_t> inputs;
   std::vector<int32_t> targets;
@@ -308,7 +317,7 @@ TEST(TokensDataset, HeaderlessUint16AndUint32) {
   const std::vector<uint32_t> tokens = ramp(30000, 10);  // 10 tokens, seq_len 3: 3 samples
   const std::string p16 = dir.file("t16.bin");
   write_bytes(p16, headerless(tokens, 2));
-  const auto d16 = make_dataset(llama_config(DataKind::Tokens, p16, 3, 32000));
+  const auto d16 = make_dataset(headerless_config(p16, 3, 32000));
   ASSERT_EQ(d16->size(), 3);
   EXPECT_EQ(token_sample(*d16, 2, 3).inputs, as_ints(tokens, 6, 3));
   EXPECT_EQ(token_sample(*d16, 2, 3).targets, as_ints(tokens, 7, 3));
@@ -316,9 +325,7 @@ TEST(TokensDataset, HeaderlessUint16AndUint32) {
   const std::vector<uint32_t> wide = ramp(70000, 10);
   const std::string p32 = dir.file("t32.bin");
   write_bytes(p32, headerless(wide, 4));
-  Config c = llama_config(DataKind::Tokens, p32, 3, 128256);
-  c.data.token_dtype = TokenDType::U32;
-  const auto d32 = make_dataset(c);
+  const auto d32 = make_dataset(headerless_config(p32, 3, 128256, TokenDType::U32));
   ASSERT_EQ(d32->size(), 3);
   EXPECT_EQ(token_sample(*d32, 1, 3).inputs, as_ints(wide, 3, 3));
   EXPECT_EQ(token_sample(*d32, 1, 3).targets, as_ints(wide, 4, 3));
@@ -329,9 +336,9 @@ TEST(TokensDataset, DirectoryOfShardsInNameOrderWithoutCrossingFiles) {
   const std::vector<uint32_t> a = ramp(100, 9);   // 2 samples of 4
   const std::vector<uint32_t> b = ramp(200, 13);  // 3 samples of 4
   write_bytes(dir.file("shard_b.bin"), llmc_shard(20240520, 1, 13, b, 2));
-  write_bytes(dir.file("shard_a.bin"), headerless(a, 2));
+  write_bytes(dir.file("shard_a.bin"), llmc_shard(20240520, 1, 9, a, 2));
   write_bytes(dir.file("notes.txt"), "ignored");
-  write_bytes(dir.file("tiny.bin"), headerless(ramp(300, 2), 2));  // too short: no samples
+  write_bytes(dir.file("tiny.bin"), llmc_shard(20240520, 1, 2, ramp(300, 2), 2));  // too short: no samples
   const auto d = make_dataset(llama_config(DataKind::Tokens, dir.path().string(), 4, 1000));
   ASSERT_EQ(d->size(), 5);
   EXPECT_EQ(token_sample(*d, 1, 4).targets, as_ints(a, 5, 4));
@@ -345,12 +352,10 @@ TEST(TokensDataset, FileErrors) {
   TempDir dir;
   const std::string odd = dir.file("odd.bin");
   write_bytes(odd, std::string(1001, '\0'));
-  EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Tokens, odd, 4, 1000)); }),
+  EXPECT_EQ(error_of([&] { make_dataset(headerless_config(odd, 4, 1000)); }),
             "tokens file '" + odd + "' has 1001 bytes, not a multiple of 2 (data.token_dtype: uint16 tokens)");
   write_bytes(odd, std::string(1002, '\0'));
-  Config c32 = llama_config(DataKind::Tokens, odd, 4, 1000);
-  c32.data.token_dtype = TokenDType::U32;
-  EXPECT_EQ(error_of([&] { make_dataset(c32); }),
+  EXPECT_EQ(error_of([&] { make_dataset(headerless_config(odd, 4, 1000, TokenDType::U32)); }),
             "tokens file '" + odd + "' has 1002 bytes, not a multiple of 4 (data.token_dtype: uint32 tokens)");
 
   const std::string truncated = dir.file("truncated.bin");
@@ -360,20 +365,13 @@ TEST(TokensDataset, FileErrors) {
                 "' has 1042 bytes, but its llm.c header (magic 20240520, 10 uint16 tokens) means 1044 bytes "
                 "(1024 + 10 x 2); the file is truncated or the header is wrong");
 
-  const std::string magic = dir.file("magic.bin");
-  write_bytes(magic, llmc_shard(12345, 1, 9, ramp(0, 9), 2));
-  EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Tokens, magic, 4, 1000)); }),
-            "tokens file '" + magic +
-                "' has an llm.c header (its token count 9 matches the file size) with bad magic 12345; expected "
-                "20240520 (uint16 tokens) or 20240801 (uint32 tokens)");
-
   const std::string empty = dir.file("empty.bin");
   write_bytes(empty, "");
   EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Tokens, empty, 4, 1000)); }),
             "tokens file '" + empty + "' is empty");
 
   const std::string short_file = dir.file("short.bin");
-  write_bytes(short_file, headerless(ramp(0, 4), 2));
+  write_bytes(short_file, llmc_shard(20240520, 1, 4, ramp(0, 4), 2));
   EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Tokens, short_file, 4, 1000)); }),
             "tokens file '" + short_file +
                 "' has 4 tokens, too short for one sample: train.seq_len 4 needs at least 5 tokens");
@@ -407,14 +405,14 @@ TEST(TokensDataset, FindBadTokenScansEachPartOfTheCorpusOnce) {
   fs::create_directories(dir.file("corpus"));
   std::vector<uint32_t> a = ramp(0, 9000);  // uint16 llm.c shard, 9000 tokens
   for (uint32_t& t : a) t %= 50;
-  std::vector<uint32_t> b = ramp(0, 5001);  // headerless uint16, 5001 tokens
+  std::vector<uint32_t> b = ramp(0, 5001);  // uint16 llm.c shard, 5001 tokens
   for (uint32_t& t : b) t %= 50;
   b.back() = 70000 % 65536;  // the very last token of the corpus is out of range (4464)
   write_bytes(dir.file("corpus/a.bin"), llmc_shard(20240520, 1, 9000, a, 2));
-  write_bytes(dir.file("corpus/b.bin"), headerless(b, 2));
+  write_bytes(dir.file("corpus/b.bin"), llmc_shard(20240520, 1, 5001, b, 2));
   const auto d = make_dataset(llama_config(DataKind::Tokens, dir.file("corpus"), 4, 50));
   const std::string expected = "tokens file '" + dir.file("corpus/b.bin") +
-                               "': token 4464 at byte offset 10000 (token 5000 of the file) is >= "
+                               "': token 4464 at byte offset 11024 (token 5000 of the file) is >= "
                                "model.vocab_size (50)";
   for (int parts : {1, 2, 3, 4, 7}) {
     int found = 0;
@@ -438,7 +436,7 @@ TEST(TokensDataset, FindBadTokenScansEachPartOfTheCorpusOnce) {
   const std::string wide = dir.file("wide.bin");
   std::vector<uint32_t> w = ramp(0, 100);
   w[99] = 100000;
-  write_bytes(wide, llmc_shard(20240801, 1, 100, w, 4));
+  write_bytes(wide, llmc_shard(20240801, 7, 100, w, 4));
   const auto d3 = make_dataset(llama_config(DataKind::Tokens, wide, 4, 100000));
   EXPECT_EQ(d3->find_bad_token(0, 1), "tokens file '" + wide +
                                           "': token 100000 at byte offset 1420 (token 99 of the file) is >= "
@@ -447,6 +445,50 @@ TEST(TokensDataset, FindBadTokenScansEachPartOfTheCorpusOnce) {
   const std::string text = dir.file("t.txt");
   write_bytes(text, "hello world, some bytes");
   EXPECT_EQ(make_dataset(llama_config(DataKind::Text, text, 4, 256))->find_bad_token(0, 1), "");
+}
+
+// data.token_format llmc is strict: a damaged header is an error naming the
+// file and the field, never a reason to read the file as raw tokens (a shard
+// whose magic and count were both damaged used to be read header and all).
+TEST(TokensDataset, LlmcHeaderIsCheckedStrictly) {
+  TempDir dir;
+  const std::string path = dir.file("shard.bin");
+  auto error = [&](const std::string& bytes, const Config& c) {
+    write_bytes(path, bytes);
+    return error_of([&] { make_dataset(c); });
+  };
+  const Config llmc = llama_config(DataKind::Tokens, path, 4, 1000);
+  const std::string hint =
+      " instead of the magic 20240520 (uint16 tokens) or 20240801 (uint32 tokens); for raw tokens without a header "
+      "set data.token_format: headerless (and data.token_dtype)";
+  EXPECT_EQ(error(llmc_shard(12345, 1, 9, ramp(0, 9), 2), llmc),
+            "tokens file '" + path + "' is not an llm.c shard: it starts with 12345" + hint);
+  EXPECT_EQ(error(llmc_shard(12345, 1, 777, ramp(0, 9), 2), llmc),  // magic and count both damaged
+            "tokens file '" + path + "' is not an llm.c shard: it starts with 12345" + hint);
+  EXPECT_EQ(error(headerless(ramp(0, 600), 2), llmc),
+            "tokens file '" + path + "' is not an llm.c shard: it starts with 65536" + hint);
+  EXPECT_EQ(error("ab", llmc), "tokens file '" + path + "' is not an llm.c shard: it has only 2 bytes" + hint);
+  EXPECT_EQ(error(llmc_shard(20240520, 3, 9, ramp(0, 9), 2), llmc),
+            "tokens file '" + path +
+                "': its llm.c header (magic 20240520) has version 3; llm.c's uint16 shards have version 1, so the "
+                "header is damaged or of a format we do not read");
+  EXPECT_EQ(error(llmc_shard(20240801, 1, 9, ramp(0, 9), 4), llmc),
+            "tokens file '" + path +
+                "': its llm.c header (magic 20240801) has version 1; llm.c's uint32 shards have version 7, so the "
+                "header is damaged or of a format we do not read");
+  EXPECT_EQ(error(llmc_shard(20240520, 1, -3, ramp(0, 9), 2), llmc),
+            "tokens file '" + path + "': its llm.c header (magic 20240520) gives a negative token count -3");
+  EXPECT_EQ(error(llmc_shard(20240520, 1, 8, ramp(0, 9), 2), llmc),
+            "tokens file '" + path +
+                "' has 1042 bytes, but its llm.c header (magic 20240520, 8 uint16 tokens) means 1040 bytes "
+                "(1024 + 8 x 2); the file is truncated or the header is wrong");
+  // headerless reads raw tokens only, and refuses an llm.c shard rather than train on its header.
+  EXPECT_EQ(error(llmc_shard(20240801, 7, 9, ramp(0, 9), 4), headerless_config(path, 4, 1000, TokenDType::U32)),
+            "tokens file '" + path +
+                "' starts with the llm.c magic 20240801: it is an llm.c shard, which data.token_format headerless "
+                "would read header and all; set data.token_format: llmc");
+  write_bytes(path, headerless(ramp(0, 600), 2));
+  EXPECT_EQ(make_dataset(headerless_config(path, 4, 1000))->size(), 149);
 }
 
 TEST(TokensDataset, ShardShorterThanItsHeaderIsAnError) {
@@ -596,7 +638,7 @@ TEST(ValidationData, ValPathIsReadLikeDataPathAndNamedInErrors) {
   TempDir dir;
   const std::string train_path = dir.file("train.bin");
   const std::string val_path = dir.file("val.bin");
-  write_bytes(train_path, headerless(ramp(0, 41), 2));
+  write_bytes(train_path, llmc_shard(20240520, 1, 41, ramp(0, 41), 2));
   write_bytes(val_path, llmc_shard(20240520, 1, 9, ramp(100, 9), 2));  // an llm.c "_val_" shard
   Config c = llama_config(DataKind::Tokens, train_path, 4, 1000);
   EXPECT_EQ(make_validation_dataset(c), nullptr);  // no val_path, no val_fraction

@@ -193,6 +193,92 @@ TEST_F(Trained, PiecesCutAtLineEndsEncodeLikeTheWhole) {
   EXPECT_EQ(encode_document(t, text, 3), document);
 }
 
+// text_cut's three kinds of cut, each within [from, from + window).
+TEST(TextCut, AfterALineEndElseBeforeAWordElseAtACharacter) {
+  const std::string text = "one two\nthree  four";
+  EXPECT_EQ(text_cut(text, 2, 8), 8u);    // just after the '\n' at 7
+  EXPECT_EQ(text_cut(text, 8, 8), 8u);    // a cut at `from` itself: the byte before it is the '\n'
+  EXPECT_EQ(text_cut(text, 1, 6), 3u);    // no line end in [1, 7): before the ' ' of " two"
+  EXPECT_EQ(text_cut(text, 9, 10), 13u);  // before the first ' ' of "  four", not the second
+  EXPECT_EQ(text_cut(text, 14, 4), 14u);  // only a ' ' after a ' ' in [14, 18): the character at 14
+  EXPECT_EQ(text_cut(text, 19, 4), 19u);
+  EXPECT_EQ(text_cut(text, 40, 4), text.size());
+  const std::string accents = "\xc3\xa9\xc3\xa9\xc3\xa9";  // "ééé": no space, no line end
+  EXPECT_EQ(text_cut(accents, 1, 4), 2u);                  // not inside a character
+  EXPECT_EQ(text_cut(accents, 5, 4), 6u);
+  const std::string far = "ab cd" + std::string(100, 'x') + "\nz";  // a line end past the window is not used
+  EXPECT_EQ(text_cut(far, 1, 10), 2u);
+}
+
+// One long line (no line end) is cut before spaces into chunks of about
+// kEncodeChunkBytes, and into pieces the same way: the ids are spm_encode's of
+// the whole line, which SentencePiece encodes in one call.
+TEST_F(Trained, LongLineEncodesInChunksLikeTheWhole) {
+  const Tokenizer t = Tokenizer::load(model_path().string());
+  std::string line;
+  for (const std::string& l : lines_of(read_text(kFortunes / "computers") + read_text(kFortunes / "cookie")))
+    line += l + " ";
+  line.resize(std::min<size_t>(line.size(), 5 * kEncodeChunkBytes));
+  ASSERT_GT(line.size(), 3 * kEncodeChunkBytes);
+  ASSERT_EQ(line.find('\n'), std::string::npos);
+  write_text(dir() / "line.txt", line + "\n");
+  std::vector<int32_t> expected;
+  std::istringstream ids(run_command("spm_encode --model=" + model_path().string() + " --output_format=id < " +
+                                     (dir() / "line.txt").string()));
+  for (int32_t id; ids >> id;) expected.push_back(id);
+  ASSERT_GT(expected.size(), 1000u);
+  EXPECT_EQ(t.encode(line), expected);
+  constexpr size_t kTarget = 20000;  // pieces cut before spaces
+  const size_t count = piece_count(t, line.size(), kTarget);
+  std::vector<int32_t> joined;
+  for (size_t k = 0; k < count; ++k) {
+    const TextPiece p = text_piece(line, k, count, kTarget);
+    ASSERT_TRUE(p.begin == 0 || p.begin == line.size() || line[p.begin] == ' ') << p.begin;
+    const std::vector<int32_t> part = t.encode(std::string_view(line).substr(p.begin, p.end - p.begin),
+                                               p.begin == 0 ? TextStart::Document : TextStart::Continuation);
+    joined.insert(joined.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(joined, expected);
+  // A run without spaces or line ends is cut between characters: the text still comes back whole.
+  const std::string run = line.substr(0, 1000) + std::string(3 * kEncodeChunkBytes, 'x') + "\xc3\xa9 end";
+  EXPECT_EQ(t.decode(t.encode(run)), run);
+}
+
+// Training takes sentences: whitespace-only lines are skipped, and a long
+// line is cut (SentencePiece would drop a line over max_sentence_bytes); input
+// without any text is refused before SentencePiece runs.
+TEST(TrainTokenizer, CutsLongLinesAndRefusesInputWithoutText) {
+  TokenizerTraining options;
+  options.vocab_size = 300;
+  options.input = "the input 'blank.txt'";
+  auto lines_from = [](std::vector<std::string> lines) {
+    return [lines = std::move(lines), next = size_t{0}](std::string& line) mutable {
+      if (next == lines.size()) return false;
+      line = lines[next++];
+      return true;
+    };
+  };
+  EXPECT_EQ(error_of([&] {
+              train_tokenizer(options, lines_from({"", "   ", "\t \r", ""}));
+            }),
+            "cannot train a tokenizer on the input 'blank.txt': it holds no text (every line is empty or only "
+            "whitespace); give it text, or encode without training: --tokenizer PATH (an existing tokenizer.model) "
+            "or neither flag (byte-level tokens)");
+  std::string one_line;
+  for (const char* name : {"computers", "cookie"})
+    for (const std::string& l : lines_of(read_text(kFortunes / name))) one_line += l + " ";
+  ASSERT_GT(one_line.size(), 20 * static_cast<size_t>(options.max_sentence_bytes));
+  options.vocab_size = 400;
+  const std::string model = train_tokenizer(options, lines_from({"  ", one_line}));
+  const fs::path path = fs::temp_directory_path() / ("st_one_line_" + std::to_string(::getpid()) + ".model");
+  write_text(path, model);
+  const Tokenizer t = Tokenizer::load(path.string());
+  fs::remove(path);
+  EXPECT_EQ(t.vocab_size(), 400);
+  EXPECT_LT(t.encode(one_line).size(), one_line.size());  // it learned merges from the line
+  EXPECT_EQ(t.decode(t.encode(one_line)), one_line);
+}
+
 TEST_F(Trained, DecodePieceStreamsTheText) {
   const Tokenizer t = Tokenizer::load(model_path().string());
   const std::string text = "Hello, world!\nna\xc3\xafve caf\xc3\xa9 \xf0\x9f\x99\x82  end";

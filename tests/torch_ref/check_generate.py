@@ -137,7 +137,7 @@ def prepare_tokens(tmp):
          "--normalization_rule_name=identity", "--remove_extra_whitespaces=false", "--minloglevel=2"])
     sp = spm.SentencePieceProcessor(model_file=f"{tmp}/tok.model")
     ids = np.array(sp.encode(text.decode("utf-8", errors="replace")), dtype=np.uint16)
-    ids.tofile(f"{tmp}/fortunes.bin")
+    ids.tofile(f"{tmp}/fortunes.bin")  # raw uint16 tokens: data.token_format headerless
     return sp, len(ids)
 
 
@@ -187,7 +187,8 @@ def fortunes_checkpoint(trainer, tmp, name, sets):
     """llama-tiny (vocab 512, 128 positions, F32) trained on the tokens file; its checkpoint with tokenizer.model."""
     root = os.path.join(tmp, name)
     train(trainer, ["model.vocab_size=512", "model.max_position_embeddings=128", "train.seq_len=64",
-                    "data.kind=tokens", f"data.path={tmp}/fortunes.bin", "fsdp.mixed_precision.param_dtype=f32",
+                    "data.kind=tokens", "data.token_format=headerless", f"data.path={tmp}/fortunes.bin",
+                    "fsdp.mixed_precision.param_dtype=f32",
                     "fsdp.activation_checkpointing.mode=none", f"checkpoint.dir={root}", "checkpoint.interval=0"] + sets)
     step_dir = latest(root)
     shutil.copy(f"{tmp}/tok.model", os.path.join(step_dir, "tokenizer.model"))
