@@ -346,10 +346,12 @@ Loaded load(std::span<StateEntry> entries, const std::string& dir, const LoadOpt
 }
 
 AutoResumed resume(const std::string& what, const std::string& root,
-                   const std::function<void(const std::string& dir)>& load_dir, Logger& log, ProcessGroup& group) {
+                   const std::function<void(const std::string& dir)>& load_dir, Logger& log, ProcessGroup& group,
+                   const StorageTopology& topology) {
   if (what == "auto") {
     AutoResumed resumed = resume_auto(
-        root, load_dir, [&](const std::string& message) { log.warn0("--resume auto: {}", message); }, group);
+        root, load_dir, [&](const std::string& message) { log.warn0("--resume auto: {}", message); }, group,
+        topology);
     if (!resumed.path)
       log.info0("--resume auto: no step directory in {}{}; starting from step 0", root, absolute_note(root));
     return resumed;

@@ -105,6 +105,10 @@ struct LoadOptions {
   int threads = 4;  // reader threads
   // Refuse loaded values that are NaN or Inf (training state must be finite).
   bool refuse_nonfinite = false;
+  // Node-local disks: for each data file, the ranks whose host holds it; a
+  // rank reads the others' files through one of them (over the group).
+  // Empty: every rank reads every file itself.
+  std::map<std::string, std::vector<int>> file_readers = {};
 };
 
 /// Collective over `group`: fills every entry's `local` (host or device) from
@@ -240,6 +244,7 @@ Loaded load(std::span<StateEntry> entries, const std::string& dir, const LoadOpt
 /// (resolve_checkpoint_dir; the choice is logged), which must load. Returns
 /// the directory loaded (nullopt: a fresh start) and the damaged steps seen.
 AutoResumed resume(const std::string& what, const std::string& root,
-                   const std::function<void(const std::string& dir)>& load, Logger& log, ProcessGroup& group);
+                   const std::function<void(const std::string& dir)>& load, Logger& log, ProcessGroup& group,
+                   const StorageTopology& topology = {});
 
 }  // namespace st::checkpoint

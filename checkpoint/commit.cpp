@@ -162,6 +162,21 @@ void PendingCheckpoint::point_latest() {
   stage("committed");
 }
 
+StepView view_step(const fs::path& dir, int64_t step) {
+  StepView view{step, incomplete_reason(dir, step), false, {}, {}};
+  const CompleteMarker marker = read_complete_marker(dir);
+  if (!marker.problem.empty() || marker.step != step || marker.elsewhere.empty()) return view;
+  for (const MarkerFile& f : marker.files) view.held.push_back(f.name);
+  for (const std::string& name : marker.elsewhere) {
+    std::error_code ec;
+    (fs::is_regular_file(dir / name, ec) ? view.held : view.away).push_back(name);
+  }
+  // Sound in itself when nothing but the other hosts' files is missing.
+  view.part = !view.away.empty() && view.problem.starts_with("holds one host's part");
+  if (view.away.empty()) view.held.clear();  // whole here: no part to merge
+  return view;
+}
+
 RootView view_root(const fs::path& root, std::string host) {
   RootView view;
   view.host = std::move(host);
@@ -184,7 +199,7 @@ RootView view_root(const fs::path& root, std::string host) {
     ST_CHECK(!ec, "cannot list checkpoint directory {}: {}", root.string(), ec.message());
     for (; it != fs::directory_iterator(); it.increment(ec)) {
       if (auto step = parse_step_dir_name(it->path().filename().string()))
-        view.steps.push_back({*step, incomplete_reason(it->path(), *step)});
+        view.steps.push_back(view_step(it->path(), *step));
     }
     ST_CHECK(!ec, "cannot list checkpoint directory {}: {}", root.string(), ec.message());
   });

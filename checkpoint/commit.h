@@ -111,10 +111,23 @@ std::vector<int64_t> complete_steps(const std::filesystem::path& root);
 
 /// One step-NNNNNN directory as one process sees it.
 struct StepView {
+  StepView() = default;
+  StepView(int64_t step_, std::string problem_, bool part_ = false, std::vector<std::string> held_ = {},
+           std::vector<std::string> away_ = {})
+      : step(step_), problem(std::move(problem_)), part(part_), held(std::move(held_)), away(std::move(away_)) {}
+
   int64_t step = 0;
   std::string problem;  // why it is not a complete checkpoint (incomplete_reason); empty when it is
+  /// A host's part of a checkpoint saved to node-local disks (COMPLETE lists
+  /// files "elsewhere"), sound in itself: `problem` says only that `away` is missing.
+  bool part = false;
+  std::vector<std::string> held;  // part: the files this directory holds (COMPLETE's, and those of `away` copied here)
+  std::vector<std::string> away;  // part: files other hosts hold, not here
   bool operator==(const StepView&) const = default;
 };
+
+/// One step directory as view_root lists it.
+StepView view_step(const std::filesystem::path& dir, int64_t step);
 
 /// What one process sees in a checkpoint root: the input of every resume decision.
 struct RootView {

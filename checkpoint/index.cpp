@@ -478,7 +478,11 @@ std::string incomplete_reason(const fs::path& dir, int64_t step) {
     if (!size_ec) continue;
     away += (n_away++ ? ", " : "") + name;
   }
-  if (n_away > 0) return format("holds one host's part: {} file(s) are on other hosts ({})", n_away, away);
+  if (n_away > 0)
+    return format(
+        "holds one host's part: {} file(s) are on other hosts ({}); run on those hosts too, or copy the files here "
+        "from their {}",
+        n_away, away, dir.filename().string());
   return {};
 }
 

@@ -4,6 +4,7 @@
 // checksums of every chunk with the index.
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -281,6 +282,111 @@ std::vector<ByteRange> gather_ranges(ProcessGroup& group, const std::vector<Byte
 }
 
 // Host stand-ins for entries on a device (loaded, then copied back).
+// Node-local disks: the reads of files this rank's host does not hold are
+// done for it by a rank whose host does (into a proxy entry of the
+// requester's dtype) and sent over after read_all (all_to_allv). Every rank
+// gathers every rank's requests and picks the same server for each: among
+// the ranks that can read the file, the one with the fewest bytes served.
+struct RemoteReads {
+  struct Request {
+    int64_t chunk = 0;
+    int64_t offset = 0;  // elements, relative to the chunk
+    int64_t count = 0;
+    DType dtype = DType::F32;  // the requester's entry dtype
+    int server = -1;
+    int64_t bytes() const { return count * static_cast<int64_t>(dtype_size(dtype)); }
+  };
+  std::vector<std::vector<Request>> requests;             // [rank], in the requester's order
+  std::vector<std::pair<StateEntry*, int64_t>> my_dest;   // my requests: the entry and its element offset
+  std::deque<StateEntry> proxies;                         // what I read for others, by requester then order
+};
+
+RemoteReads route_remote_reads(Loader& loader, const std::map<std::string, std::vector<int>>& readers,
+                               ProcessGroup& group) {
+  RemoteReads out;
+  const int me = group.rank();
+  auto readers_of = [&](int64_t chunk) -> const std::vector<int>& {
+    const std::string& file = loader.chunks[static_cast<size_t>(chunk)]->file;
+    const auto it = readers.find(file);
+    ST_CHECK(it != readers.end() && !it->second.empty(), "checkpoint file '{}' is on none of the hosts taking part",
+             file);
+    return it->second;
+  };
+  json mine = json::array();
+  std::vector<std::pair<Read, StateEntry*>> local;
+  for (const auto& [r, entry] : loader.reads) {
+    const int64_t c = loader.index_of.at(r.chunk);
+    const std::vector<int>& can = readers_of(c);
+    if (std::find(can.begin(), can.end(), me) != can.end()) {
+      local.emplace_back(r, entry);
+      continue;
+    }
+    mine.push_back({c, r.chunk_offset_elems, r.count, static_cast<int>(entry->local.dtype())});
+    out.my_dest.emplace_back(entry, r.entry_offset_elems);
+  }
+  loader.reads = std::move(local);
+  std::vector<int64_t> served(static_cast<size_t>(group.size()), 0);
+  for (const std::string& text : all_gather_strings(group, mine.dump())) {
+    std::vector<RemoteReads::Request>& list = out.requests.emplace_back();
+    for (const json& j : json::parse(text)) {
+      RemoteReads::Request q{j[0].get<int64_t>(), j[1].get<int64_t>(), j[2].get<int64_t>(),
+                             static_cast<DType>(j[3].get<int>()), -1};
+      const std::vector<int>& can = readers_of(q.chunk);
+      q.server = *std::min_element(can.begin(), can.end(), [&](int a, int b) {
+        return std::pair(served[static_cast<size_t>(a)], a) < std::pair(served[static_cast<size_t>(b)], b);
+      });
+      served[static_cast<size_t>(q.server)] += q.bytes();
+      list.push_back(q);
+    }
+  }
+  for (const std::vector<RemoteReads::Request>& list : out.requests)
+    for (const RemoteReads::Request& q : list) {
+      if (q.server != me) continue;
+      const ChunkRecord& c = *loader.chunks[static_cast<size_t>(q.chunk)];
+      const StoredTensor& t = *loader.stored[static_cast<size_t>(q.chunk)];
+      StateEntry& proxy = out.proxies.emplace_back(
+          StateEntry{c.fqn, c.kind, t.shape, q.dtype, c.begin + q.offset, Tensor::empty({q.count}, q.dtype)});
+      loader.reads.emplace_back(Read{&c, q.offset, 0, q.count}, &proxy);
+    }
+  return out;
+}
+
+// After read_all: each server sends what it read for each requester; each
+// requester copies it into its entries. Pieces travel as BF16-sized units.
+void deliver_remote_reads(RemoteReads& remote, ProcessGroup& group) {
+  const int me = group.rank();
+  const size_t world = static_cast<size_t>(group.size());
+  std::vector<int64_t> send(world, 0), recv(world, 0);
+  for (size_t r = 0; r < world; ++r)
+    for (const RemoteReads::Request& q : remote.requests[r]) {
+      if (q.server == me) send[r] += q.bytes() / 2;
+      if (static_cast<int>(r) == me) recv[static_cast<size_t>(q.server)] += q.bytes() / 2;
+    }
+  int64_t n_send = 0, n_recv = 0;
+  for (size_t r = 0; r < world; ++r) n_send += send[r], n_recv += recv[r];
+  Tensor out = Tensor::empty({n_send}, DType::BF16);
+  auto* at = static_cast<std::byte*>(out.raw_data());
+  for (const StateEntry& proxy : remote.proxies) {  // already in (requester, order) order
+    std::memcpy(at, proxy.local.raw_data(), proxy.local.nbytes());
+    at += proxy.local.nbytes();
+  }
+  Tensor in = Tensor::empty({n_recv}, DType::BF16);
+  group.all_to_allv(in, recv, out, send).wait();
+  // My requests arrive grouped by server, each server's in my order.
+  std::vector<int64_t> offset(world, 0);
+  for (size_t s = 1; s < world; ++s) offset[s] = offset[s - 1] + recv[s - 1] * 2;
+  const auto* base = static_cast<const std::byte*>(in.raw_data());
+  const std::vector<RemoteReads::Request>& mine = remote.requests[static_cast<size_t>(me)];
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const auto& [entry, entry_offset] = remote.my_dest[k];
+    const size_t esize = dtype_size(mine[k].dtype);
+    int64_t& from = offset[static_cast<size_t>(mine[k].server)];
+    std::memcpy(static_cast<std::byte*>(entry->local.raw_data()) + static_cast<size_t>(entry_offset) * esize,
+                base + from, static_cast<size_t>(mine[k].bytes()));
+    from += mine[k].bytes();
+  }
+}
+
 std::vector<StateEntry> on_host(std::span<StateEntry> entries) {
   std::vector<StateEntry> host(entries.begin(), entries.end());
   for (StateEntry& e : host)
@@ -296,9 +402,22 @@ void load_entries(const Catalog& catalog, std::span<StateEntry> entries, const L
   Loader loader{catalog, options, group, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   std::vector<int64_t> sizes;
   std::vector<ByteRange> mine;
+  RemoteReads remote;
+  std::vector<std::vector<int>> readers;  // per chunk, on node-local disks: the ranks that can read its file
   run_on_every_rank(group, [&] {
     loader.number_chunks();
     loader.plan(host);
+  });
+  if (!options.file_readers.empty()) {
+    run_on_every_rank(group, [&] {
+      for (const ChunkRecord* c : loader.chunks) {
+        const auto it = options.file_readers.find(c->file);
+        readers.push_back(it != options.file_readers.end() ? it->second : std::vector<int>{});
+      }
+    });
+    remote = route_remote_reads(loader, options.file_readers, group);
+  }
+  run_on_every_rank(group, [&] {
     for (size_t c = 0; c < loader.chunks.size(); ++c)
       sizes.push_back(options.verify && loader.stored[c]->checksummed
                           ? loader.chunks[c]->numel * loader.esize(static_cast<int64_t>(c))
@@ -309,13 +428,17 @@ void load_entries(const Catalog& catalog, std::span<StateEntry> entries, const L
                       group.rank()});
     }
   });
-  for (const ByteRange& s : assign_checksum_ranges(gather_ranges(group, mine, nullptr, nullptr), sizes, group.size()))
+  std::vector<ByteRange> assigned;
+  const std::vector<ByteRange> all_reads = gather_ranges(group, mine, nullptr, nullptr);
+  run_on_every_rank(group, [&] { assigned = assign_checksum_ranges(all_reads, sizes, group.size(), readers); });
+  for (const ByteRange& s : assigned)
     if (s.rank == group.rank()) loader.assigned.push_back(s);
   run_on_every_rank(group, [&] {
     loader.plan_jobs();
     loader.open_files();
     loader.read_all();
   });
+  if (!options.file_readers.empty()) deliver_remote_reads(remote, group);
   std::vector<uint32_t> all_crcs;
   const std::vector<ByteRange> ranges = gather_ranges(group, loader.sums, &loader.crcs, &all_crcs);
   run_on_every_rank(group, [&] {

@@ -117,7 +117,8 @@ std::vector<Read> plan_reads(std::span<const ChunkRecord> chunks, const StateEnt
   return reads;
 }
 
-std::vector<ByteRange> assign_checksum_ranges(std::vector<ByteRange> reads, std::span<const int64_t> sizes, int world) {
+std::vector<ByteRange> assign_checksum_ranges(std::vector<ByteRange> reads, std::span<const int64_t> sizes, int world,
+                                              const std::vector<std::vector<int>>& readers) {
   std::sort(reads.begin(), reads.end(), [](const ByteRange& a, const ByteRange& b) {
     return std::tie(a.chunk, a.begin, a.end, a.rank) < std::tie(b.chunk, b.begin, b.end, b.rank);
   });
@@ -143,7 +144,15 @@ std::vector<ByteRange> assign_checksum_ranges(std::vector<ByteRange> reads, std:
   constexpr int64_t kPart = int64_t{64} << 20;
   for (const ByteRange& g : gaps) {
     for (int64_t at = g.begin; at < g.end; at += kPart) {
-      const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      if (!readers.empty()) {
+        // Only a rank that can read the chunk's file (node-local disks) checksums it.
+        const std::vector<int>& can = readers[static_cast<size_t>(g.chunk)];
+        ST_CHECK(!can.empty(), "no rank can read chunk {} to checksum it", g.chunk);
+        r = *std::min_element(can.begin(), can.end(), [&](int a, int b) {
+          return std::pair(load[static_cast<size_t>(a)], a) < std::pair(load[static_cast<size_t>(b)], b);
+        });
+      }
       const int64_t end = std::min(g.end, at + kPart);
       load[static_cast<size_t>(r)] += end - at;
       out.push_back({g.chunk, at, end, r});

@@ -79,7 +79,10 @@ struct ByteRange {
 /// verified). Returns ranges that tile each verified chunk: each inside a
 /// range its rank reads, or, for bytes nobody reads, assigned to the rank with
 /// the fewest bytes so far (it reads them for the checksum alone). Every rank
-/// computes the same result from the same input.
-std::vector<ByteRange> assign_checksum_ranges(std::vector<ByteRange> reads, std::span<const int64_t> sizes, int world);
+/// computes the same result from the same input. `readers` (one list per
+/// chunk; empty: every rank) limits who may be given bytes nobody reads: on
+/// node-local disks, the ranks whose host holds the chunk's file.
+std::vector<ByteRange> assign_checksum_ranges(std::vector<ByteRange> reads, std::span<const int64_t> sizes, int world,
+                                              const std::vector<std::vector<int>>& readers = {});
 
 }  // namespace st::checkpoint

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <string_view>
+#include <set>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,15 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+std::string join_strings(const std::vector<std::string>& parts, std::string_view sep) {
+  std::string out;
+  for (const std::string& p : parts) {
+    if (!out.empty()) out += sep;
+    out += p;
+  }
+  return out;
+}
 
 const StepView* find_step(const RootView& view, int64_t step) {
   for (const StepView& s : view.steps)
@@ -88,7 +98,8 @@ std::vector<std::string> skip_warnings(const RootView& lead, const ResumeChoice&
 
 std::string view_to_json(const RootView& view) {
   json steps = json::array();
-  for (const StepView& s : view.steps) steps.push_back({{"step", s.step}, {"problem", s.problem}});
+  for (const StepView& s : view.steps)
+    steps.push_back({{"step", s.step}, {"problem", s.problem}, {"part", s.part}, {"held", s.held}, {"away", s.away}});
   json j = {{"host", view.host},
             {"error", view.error},
             {"steps", steps},
@@ -104,7 +115,8 @@ RootView view_from_json(const std::string& text) {
     view.host = j.at("host").get<std::string>();
     view.error = j.at("error").get<std::string>();
     for (const json& s : j.at("steps"))
-      view.steps.push_back({s.at("step").get<int64_t>(), s.at("problem").get<std::string>()});
+      view.steps.push_back({s.at("step").get<int64_t>(), s.at("problem").get<std::string>(), s.at("part").get<bool>(),
+                            s.at("held").get<std::vector<std::string>>(), s.at("away").get<std::vector<std::string>>()});
     if (!j.at("latest").is_null()) view.latest = j.at("latest").get<int64_t>();
     view.latest_problem = j.at("latest_problem").get<std::string>();
   } catch (const json::exception& e) {
@@ -181,6 +193,65 @@ ResumePlan decide_resume(const fs::path& root, std::span<const RootView> views) 
   return plan;
 }
 
+RootView merge_host_views(std::span<const RootView> views) {
+  RootView out;
+  std::vector<std::string> names;
+  for (const RootView& v : views) names.push_back(v.host);
+  out.host = format("the hosts {}", join_strings(names, ", "));
+  std::map<int64_t, std::vector<std::pair<std::string, const StepView*>>> by_step;
+  for (const RootView& v : views) {
+    if (!v.error.empty()) out.error += format("{}on host {}: {}", out.error.empty() ? "" : "; ", v.host, v.error);
+    for (const StepView& s : v.steps) by_step[s.step].emplace_back(v.host, &s);
+    if (v.latest && (!out.latest || *v.latest > *out.latest)) out.latest = v.latest;
+  }
+  if (!out.error.empty()) return out;
+  if (!out.latest && !views.empty()) out.latest_problem = views[0].latest_problem;
+  for (const auto& [step, seen] : by_step) {
+    StepView merged{step, "", false, {}, {}};
+    std::set<std::string> held, away;
+    std::vector<std::string> problems;
+    for (const auto& [host, s] : seen) {
+      const bool sound = s->problem.empty() || s->part;
+      if (!sound) problems.push_back(format("on host {}: {}", host, s->problem));
+      if (sound) held.insert(s->held.begin(), s->held.end());
+      away.insert(s->away.begin(), s->away.end());
+    }
+    std::vector<std::string> missing;
+    for (const std::string& name : away)
+      if (!held.contains(name)) missing.push_back(name);
+    if (!missing.empty())
+      problems.push_back(format("{} file(s) are on none of these hosts: {} (the hosts that saved them must take "
+                                "part, or the files be copied to one that does)",
+                                missing.size(), join_strings(missing, ", ")));
+    merged.problem = join_strings(problems, "; ");
+    out.steps.push_back(std::move(merged));
+  }
+  return out;
+}
+
+ResumePlan decide_resume(const fs::path& root, std::span<const RootView> views, const StorageTopology& topology) {
+  if (topology.shared || topology.host_count() <= 1) return decide_resume(root, views);
+  // Each host's ranks must see what its lowest rank sees; the hosts' views then count as one.
+  std::vector<RootView> hosts;
+  for (int h = 0; h < topology.host_count(); ++h) {
+    const std::vector<int> ranks = topology.ranks_of_host(h);
+    const RootView& lead = views[static_cast<size_t>(ranks.front())];
+    std::vector<size_t> differing;
+    for (int r : ranks)
+      if (views[static_cast<size_t>(r)] != lead) differing.push_back(static_cast<size_t>(r));
+    if (!differing.empty()) {
+      ResumePlan plan;
+      plan.action = ResumePlan::Action::Refuse;
+      plan.error = disagreement_message(root, views, differing, format("(the lowest rank on host {}) sees: {}", lead.host,
+                                                                        describe(root, lead)));
+      return plan;
+    }
+    hosts.push_back(lead);
+  }
+  const RootView merged = merge_host_views(hosts);
+  return decide_resume(root, std::span<const RootView>(&merged, 1));
+}
+
 namespace {
 
 // The directory this rank lists: the root, or the test hook's path for the rank it names.
@@ -198,7 +269,7 @@ fs::path listed_root(const fs::path& root, int rank) {
 
 }  // namespace
 
-ResumePlan agree_resume(const fs::path& root, ProcessGroup& group) {
+ResumePlan agree_resume(const fs::path& root, ProcessGroup& group, const StorageTopology& topology) {
   // Nothing before the exchange may throw: a rank that left early would leave the others waiting in it.
   const std::string mine = view_to_json(view_root(listed_root(root, group.rank()), host_name()));
   const std::vector<std::string> texts =
@@ -206,7 +277,7 @@ ResumePlan agree_resume(const fs::path& root, ProcessGroup& group) {
   std::vector<RootView> views;
   views.reserve(texts.size());
   for (const std::string& text : texts) views.push_back(view_from_json(text));
-  return decide_resume(root, views);
+  return decide_resume(root, views, topology);
 }
 
 ResolvedDir agree_checkpoint_dir(const std::string& path, ProcessGroup& group) {
@@ -241,8 +312,9 @@ ResolvedDir agree_checkpoint_dir(const std::string& path, ProcessGroup& group) {
 }
 
 AutoResumed resume_auto(const fs::path& root, const std::function<void(const std::string& path)>& load,
-                        const std::function<void(const std::string& message)>& warn, ProcessGroup& group) {
-  const ResumePlan plan = agree_resume(root, group);
+                        const std::function<void(const std::string& message)>& warn, ProcessGroup& group,
+                        const StorageTopology& topology) {
+  const ResumePlan plan = agree_resume(root, group, topology);
   if (plan.action == ResumePlan::Action::Refuse) throw AgreedError(plan.error, __FILE__, __LINE__);
   AutoResumed out;
   if (plan.action == ResumePlan::Action::Fresh) return out;

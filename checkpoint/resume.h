@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "checkpoint/commit.h"
+#include "checkpoint/topology.h"
 #include "core/comm.h"
 
 namespace st::checkpoint {
@@ -57,6 +58,20 @@ struct ResumePlan {
 /// candidates are the older steps complete in every view.
 ResumePlan decide_resume(const std::filesystem::path& root, std::span<const RootView> views);
 
+/// Node-local roots (topology.h): the hosts' views as one, as if their step
+/// directories were copied together. A step is complete when no host's part
+/// of it is damaged and every file some part names as "elsewhere" is held by
+/// one of these hosts; otherwise its problem names the host or the files on
+/// none of them. `latest` is the newest any host names. `views`: one per host.
+RootView merge_host_views(std::span<const RootView> views);
+
+/// decide_resume for `topology`: shared, as above; node-local, every rank
+/// must see what the lowest rank of its host sees, and the decision is taken
+/// on merge_host_views of the hosts' views (a new host with an empty disk
+/// simply adds nothing).
+ResumePlan decide_resume(const std::filesystem::path& root, std::span<const RootView> views,
+                         const StorageTopology& topology);
+
 /// The refusal when no step directory of `root` loads: each step with why
 /// (`steps`' problems, `load_errors` for complete ones that failed to load),
 /// and how to go on (restore the files, --resume PATH, --overwrite).
@@ -65,7 +80,7 @@ std::string no_loadable_checkpoint_message(const std::filesystem::path& root, st
 
 /// Collective over `group`: every rank's view of `root` (with its host
 /// name), gathered, and decide_resume on them; the same plan on every rank.
-ResumePlan agree_resume(const std::filesystem::path& root, ProcessGroup& group);
+ResumePlan agree_resume(const std::filesystem::path& root, ProcessGroup& group, const StorageTopology& topology = {});
 
 /// --resume PATH, collective: resolve_checkpoint_dir(path) on every rank
 /// (the test hook of resume_view_hook_env applies here too); the ranks must
@@ -87,6 +102,7 @@ struct AutoResumed {
 /// the plan's message when it refuses, or no_loadable_checkpoint_message when
 /// every candidate failed. Skipped steps are reported through `warn`.
 AutoResumed resume_auto(const std::filesystem::path& root, const std::function<void(const std::string& path)>& load,
-                        const std::function<void(const std::string& message)>& warn, ProcessGroup& group);
+                        const std::function<void(const std::string& message)>& warn, ProcessGroup& group,
+                        const StorageTopology& topology = {});
 
 }  // namespace st::checkpoint

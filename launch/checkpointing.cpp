@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/fs.h"
+#include "checkpoint/node_local.h"
 #include "core/error.h"
 #include "launch/data.h"
 #include "launch/tokenizer.h"
@@ -98,7 +99,7 @@ checkpoint::RunRoot prepare_checkpoint_dir(const Config& config, ProcessGroup& w
 Checkpointer::Checkpointer(const Config& config, fsdp::ShardedModel& model, optim::Optimizer& optimizer,
                            ProcessGroup& world, Logger& log, int64_t num_parameters,
                            const checkpoint::StorageTopology& topology)
-    : config_(config), model_(model), optimizer_(optimizer), world_(world), log_(log) {
+    : config_(config), model_(model), optimizer_(optimizer), world_(world), log_(log), topology_(topology) {
   const CheckpointConfig& c = config.checkpoint;
   if (c.dir.empty()) return;
   checkpoint::RunOptions run;
@@ -156,7 +157,7 @@ std::optional<ResumePoint> Checkpointer::load(const std::string& resume) {
   std::optional<ResumePoint> point;
   auto load_dir = [&](bool init) { return [&, init](const std::string& dir) { point = load_from(dir, init); }; };
   if (resume == "auto" || (!resume.empty() && resume != "never")) {
-    checkpoint::AutoResumed resumed = checkpoint::resume(resume, c.dir, load_dir(false), log_, world_);
+    checkpoint::AutoResumed resumed = checkpoint::resume(resume, c.dir, load_dir(false), log_, world_, topology_);
     if (resumed.path) {
       // Retention keeps the way back: nothing newer than this step, nothing damaged.
       if (saver_) saver_->note_resume(point->step, std::move(resumed.damaged));
@@ -205,7 +206,14 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
   // Starting from model weights (init_from) may always derive the master weights from them.
   options.master_from_model = init || c.unified_checkpoint_config.master_from_model_weights();
   std::vector<StateEntry> entries = training_state(model_, optimizer_, !init);
-  const checkpoint::Loaded loaded = checkpoint::load(entries, path, options, fit, world_, log_);
+  // On node-local disks each host holds part of the step: load from a view
+  // of the whole, reading the other hosts' data through their ranks.
+  std::optional<checkpoint::NodeLocalStep> whole;
+  if (!init && !topology_.shared) {
+    whole.emplace(path, topology_, world_);
+    options.file_readers = whole->readers();
+  }
+  const checkpoint::Loaded loaded = checkpoint::load(entries, whole ? whole->dir() : path, options, fit, world_, log_);
   const std::string read = human_bytes(loaded.bytes);
   if (init) {
     log_.info0("initialised the weights from {} ({} layout): {} read in {:.3f} s; fresh optimizer, step 0", path,

@@ -115,6 +115,7 @@ class Checkpointer {
   ProcessGroup& world_;
   Logger& log_;
   std::optional<checkpoint::Saver> saver_;  // when checkpoint.dir is set
+  checkpoint::StorageTopology topology_;    // whether the ranks share checkpoint.dir
   // data.tokenizer's tokenizer.model (byte for byte), tokenizer_config.json and
   // special_tokens_map.json, written into every checkpoint beside config.json.
   std::vector<checkpoint::ExtraFile> tokenizer_files_;

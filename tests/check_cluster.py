@@ -42,9 +42,9 @@ def netns_names():
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
-def inside(name, check, trainer, tmp):
-    """Runs `check` while cluster `name` (2 hosts) is up, via `scripts/cluster run`, which removes it after."""
-    cmd = [CLUSTER, "run", "2", "--", sys.executable, os.path.abspath(__file__), trainer, check + "-inside", tmp]
+def inside(name, check, trainer, tmp, hosts=2):
+    """Runs `check` while cluster `name` is up, via `scripts/cluster run`, which removes it after."""
+    cmd = [CLUSTER, "run", str(hosts), "--", sys.executable, os.path.abspath(__file__), trainer, check + "-inside", tmp]
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, ST_CLUSTER=name), capture_output=True, text=True)
     sys.stdout.write(proc.stdout)
     if proc.returncode == SKIP:
@@ -147,6 +147,48 @@ def check_copied_restart(trainer, tmp, disks, full):
             fail("the resumed run differs from the uninterrupted one")
 
 
+def check_restart_inside(name, trainer, tmp):
+    """--resume auto on node-local disks, on more and on fewer hosts, for both layouts (unified async)."""
+    for layout, extra in (("unified", ["checkpoint.async=true"]), ("sharded", [])):
+        restart_cases(name, trainer, tmp, layout, extra)
+
+
+def restart_cases(name, trainer, tmp, layout, extra):
+    ckpt = f"/local/ckpt-{layout}"
+    opts = ["--set", f"checkpoint.dir={ckpt}", "--set", "checkpoint.interval=5", "--set", f"checkpoint.format={layout}"]
+    for kv in extra:
+        opts += ["--set", kv]
+    # The uninterrupted reference: one machine, 4 ranks, no checkpoints.
+    ref = os.path.join(tmp, f"ref-{layout}.jsonl")
+    run(mpirun(4) + [trainer, "--config", TINY, "--steps", "16"] + sets(logging__metrics_file=ref))
+    full = loss_by_step(ref)
+    cases = [  # (hosts, ranks per host, stop after, what, bit-exact)
+        ("h1:2", 2, 5, "1 host x 2 ranks, fresh", False),
+        ("h1:2,h2:2", 4, 10, "1 -> 2 hosts (h2's disk empty), 2 -> 4 ranks", False),
+        ("h1:1,h2:1,h3:1,h4:1", 4, 15, "2 -> 4 hosts (h3, h4 empty), 4 ranks", True),
+    ]
+    for hosts, np_, stop, what, exact in cases:
+        metrics = os.path.join(tmp, f"{layout}-{stop}.jsonl")
+        job = ["mpirun", "--host", hosts, "-np", str(np_), trainer, "--config", TINY, "--steps", "16",
+               "--stop-after", str(stop), *opts, "--set", f"logging.metrics_file={metrics}"]
+        proc = cluster(*job, name=name)
+        expect(proc, 0, f"saved checkpoint {ckpt}/step-{stop:06d}", what=f"{layout}: {what}")
+        got = loss_by_step(metrics)
+        worst = max(abs(got[k] - full[k]) / abs(full[k]) for k in got)
+        print(f"restart {layout}: {what}: steps {min(got)}-{max(got)}, last loss {got[stop]!r} vs uninterrupted "
+              f"{full[stop]!r}; largest relative difference {worst:.1e}")
+        if worst > (0 if exact else 1e-5) or (min(got) != stop - 4 and stop != 5):
+            fail(f"{layout}: {what}: the losses differ from the uninterrupted run's: {got} vs {full}")
+    # 4 -> 1 host without copying: h3 alone holds a quarter of step 15; an error before step 1, naming the files.
+    proc = cluster("mpirun", "--host", "h3:2", "-np", "2", trainer, "--config", TINY, "--steps", "16", *opts,
+                   name=name)
+    expect(proc, 1, "step-000015: holds one host's part:", "file(s) are on other hosts",
+           "run on those hosts too, or copy the files here from their step-000015", what=f"{layout}: 4 -> 1 host")
+    if "step 16/16" in proc.stdout + proc.stderr:
+        fail("the run without the other hosts' files trained")
+    print(f"restart {layout}: 4 -> 1 host (h3) without the others' files: exit 1 before step 1, naming them")
+
+
 def check_cleanup(name, trainer, tmp):
     proc = subprocess.run([CLUSTER, "run", "1", "--", "true"], env=dict(os.environ, ST_CLUSTER=name),
                           capture_output=True, text=True)
@@ -184,13 +226,14 @@ def main():
     name = "c" + check[:2] + str(os.getpid() % 10000)
     if check.endswith("-inside"):
         name = os.environ["ST_CLUSTER"]
-        {"hosts-inside": check_hosts_inside, "storage-inside": check_storage_inside}[check](name, trainer, sys.argv[3])
+        {"hosts-inside": check_hosts_inside, "storage-inside": check_storage_inside,
+         "restart-inside": check_restart_inside}[check](name, trainer, sys.argv[3])
         return
     with tempfile.TemporaryDirectory() as tmp:
         if check == "cleanup":
             check_cleanup(name, trainer, tmp)
         else:
-            inside(name, check, trainer, tmp)
+            inside(name, check, trainer, tmp, hosts=4 if check == "restart" else 2)
 
 
 if __name__ == "__main__":

@@ -869,5 +869,94 @@ TEST(StorageTopology, AMixOfSharedAndLocalIsAnErrorNamingWhatEachRankSees) {
             std::string::npos);
 }
 
+// ---- --resume auto over node-local roots (merge_host_views) ----
+
+StepView part_of(int64_t step, std::vector<std::string> held, std::vector<std::string> away) {
+  return {step, "holds one host's part: ...", true, std::move(held), std::move(away)};
+}
+
+TEST(NodeLocalResume, TwoHostsPartsMakeOneCompleteStep) {
+  RootView h1{"h1", "", {part_of(10, {"a", "idx"}, {"b"})}, 10, ""};
+  RootView h2{"h2", "", {part_of(10, {"b", "idx"}, {"a"})}, 10, ""};
+  const std::vector<RootView> hosts{h1, h2};
+  const RootView merged = merge_host_views(hosts);
+  ASSERT_EQ(merged.steps.size(), 1u);
+  EXPECT_EQ(merged.steps[0].problem, "");
+  EXPECT_EQ(merged.latest, 10);
+  EXPECT_EQ(merged.host, "the hosts h1, h2");
+}
+
+TEST(NodeLocalResume, AMissingHostsFilesAreNamed) {
+  // Two hosts saved; only h1 takes part (h2's disk is lost): h2's files are on none of the hosts.
+  const std::vector<RootView> hosts{RootView{"h1", "", {part_of(10, {"a"}, {"b", "c"})}, 10, ""}};
+  const RootView merged = merge_host_views(hosts);
+  EXPECT_EQ(merged.steps[0].problem,
+            "2 file(s) are on none of these hosts: b, c (the hosts that saved them must take part, or the files be "
+            "copied to one that does)");
+}
+
+TEST(NodeLocalResume, ADamagedPartIsNamedWithItsHost) {
+  RootView h1{"h1", "", {part_of(10, {"a"}, {"b"}), part_of(20, {"a"}, {"b"})}, 20, ""};
+  RootView h2{"h2", "", {part_of(10, {"b"}, {"a"}), StepView{20, "b is missing (No such file)", false, {}, {}}}, 20, ""};
+  const std::vector<RootView> hosts{h1, h2};
+  const RootView merged = merge_host_views(hosts);
+  ASSERT_EQ(merged.steps.size(), 2u);
+  EXPECT_EQ(merged.steps[0].problem, "");
+  // The damaged part counts for nothing, so its file is missing too.
+  EXPECT_EQ(merged.steps[1].problem.substr(0, 82),
+            "on host h2: b is missing (No such file); 1 file(s) are on none of these hosts: b (");
+}
+
+TEST(NodeLocalResume, DecisionFallsBackAndANewEmptyHostAddsNothing) {
+  StorageTopology t = group_hosts(std::vector<std::string>{"h1", "h1", "h2", "h3"});
+  t.shared = false;
+  RootView h1{"h1", "", {part_of(10, {"a"}, {"b"}), part_of(20, {"a"}, {"b"})}, 20, ""};
+  RootView h2{"h2", "", {part_of(10, {"b"}, {"a"})}, 10, ""};  // step 20's part never reached h2
+  RootView h3{"h3", "", {}, std::nullopt, "does not exist"};    // a new host, empty disk
+  const std::vector<RootView> views{h1, h1, h2, h3};
+  const ResumePlan plan = decide_resume("/ck", views, t);
+  ASSERT_EQ(plan.action, ResumePlan::Action::Load) << plan.error;
+  EXPECT_EQ(plan.candidates, (std::vector<int64_t>{10}));
+  ASSERT_FALSE(plan.warnings.empty());
+  EXPECT_NE(plan.warnings[0].find("step-000020"), std::string::npos) << plan.warnings[0];
+  // Only new hosts: a fresh start.
+  const std::vector<RootView> empty{h3, h3, h3, h3};
+  EXPECT_EQ(decide_resume("/ck", empty, t).action, ResumePlan::Action::Fresh);
+}
+
+TEST(NodeLocalResume, RanksOfOneHostMustAgree) {
+  StorageTopology t = group_hosts(std::vector<std::string>{"h1", "h1", "h2"});
+  t.shared = false;
+  RootView h1{"h1", "", {part_of(10, {"a"}, {"b"})}, 10, ""};
+  RootView odd{"h1", "", {}, std::nullopt, "does not exist"};
+  RootView h2{"h2", "", {part_of(10, {"b"}, {"a"})}, 10, ""};
+  const std::vector<RootView> views{h1, odd, h2};
+  const ResumePlan plan = decide_resume("/ck", views, t);
+  ASSERT_EQ(plan.action, ResumePlan::Action::Refuse);
+  EXPECT_NE(plan.error.find("rank 1 on host h1 sees: no step directory in /ck"), std::string::npos) << plan.error;
+}
+
+TEST(NodeLocalResume, ViewStepReadsAPartAndCopiedFilesCount) {
+  TempRoot tmp;
+  const fs::path dir = tmp.path() / "step-000010";
+  fs::create_directories(dir);
+  std::ofstream(dir / "a.json") << "{}";
+  {
+    std::ofstream marker(dir / "COMPLETE", std::ios::binary);
+    marker << complete_marker_text(dir, 10, {"a.json"}, {"b.safetensors"});
+  }
+  StepView v = view_step(dir, 10);
+  EXPECT_TRUE(v.part);
+  EXPECT_EQ(v.held, (std::vector<std::string>{"a.json"}));
+  EXPECT_EQ(v.away, (std::vector<std::string>{"b.safetensors"}));
+  EXPECT_EQ(v.problem,
+            "holds one host's part: 1 file(s) are on other hosts (b.safetensors); run on those hosts too, or copy the "
+            "files here from their step-000010");
+  std::ofstream(dir / "b.safetensors") << "x";  // copied here from the other host
+  v = view_step(dir, 10);
+  EXPECT_FALSE(v.part);
+  EXPECT_EQ(v.problem, "");
+}
+
 }  // namespace
 }  // namespace st::checkpoint
