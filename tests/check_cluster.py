@@ -211,10 +211,11 @@ def check_cleanup(name, trainer, tmp):
     job.send_signal(signal.SIGKILL)
     job.wait()
     deadline = time.time() + 120  # a hang guard: the reaper looks once a second
-    while time.time() < deadline and any(n.startswith(name + "-") for n in netns_names()):
+    state = f"/run/shardtrain-cluster/{name}"  # removed last, after the namespaces
+    while time.time() < deadline and (os.path.exists(state) or any(n.startswith(name + "-") for n in netns_names())):
         time.sleep(0.2)
     left = {n for n in netns_names() if n.startswith(name + "-")}
-    if left or os.path.exists(f"/run/shardtrain-cluster/{name}"):
+    if left or os.path.exists(state):
         fail(f"after SIGKILL of `cluster run`, left: {sorted(left)}")
     print("cleanup: after SIGKILL of `scripts/cluster run`, its reaper removed the namespaces and state")
 
