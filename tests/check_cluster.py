@@ -8,9 +8,13 @@ reports as Skipped, with the reason. CHECK is one of:
   hosts     2 hosts x 2 ranks through `scripts/cluster mpirun`: every rank runs on
             its own host (hostname, Open MPI's local rank and size per host), over
             TCP between the hosts.
-  storage   checkpoint.dir on each host's own disk (/local) is detected as
-            node-local and refused before step 1 with what to do; a directory both
-            hosts share is detected as shared and saves; checkpoint.shared states it.
+  storage   checkpoint.dir on each host's own disk (/local) is detected as node-local
+            and saved to, each data file on one host and identical to a shared save;
+            one host's part verifies as partial; the parts copied together resume.
+  restart   node-local --resume auto: 1 -> 2 -> 4 hosts for both layouts equal the uninterrupted run; 4 -> 1
+            host without the other hosts' files is refused naming them.
+  kill      SIGKILL of one host's ranks after every host published a step but before any `latest` moved:
+            each host's `latest` stays on the previous step and the run resumes exactly.
   cleanup   `scripts/cluster run` removes every namespace and /local after its
             command ends, and also after it is SIGKILLed (its reaper does).
 Each check prints what it observed; a failure exits 1.
@@ -189,6 +193,52 @@ def restart_cases(name, trainer, tmp, layout, extra):
     print(f"restart {layout}: 4 -> 1 host (h3) without the others' files: exit 1 before step 1, naming them")
 
 
+def check_kill_inside(name, trainer, tmp):
+    """Every rank of one host SIGKILLed inside a save, after both hosts published step 10 but before any `latest`
+    moved: every host's `latest` still names a step the hosts hold between them, and the run resumes."""
+    opts = ["--config", TINY, "--steps", "14", "--set", "checkpoint.dir=/local/ckpt", "--set", "checkpoint.interval=5"]
+    ref = os.path.join(tmp, "ref.jsonl")
+    run(mpirun(4) + [trainer, "--config", TINY, "--steps", "14"] + sets(logging__metrics_file=ref))
+    full = loss_by_step(ref)
+    env = dict(os.environ, ST_CLUSTER=name)
+    job = subprocess.Popen([CLUSTER, "mpirun", "--host", "h1:2,h2:2", "-np", "4", "-x", "ST_TEST_PAUSE_AT=renamed@10",
+                            trainer, *opts], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    paused = 0
+    for line in job.stderr:  # EOF if the job ends first; the test's timeout guards a hang
+        if "test hook: paused at renamed of step 10" in line:
+            paused += 1
+            if paused == 2:  # both hosts' root owners
+                break
+    if paused < 2:
+        job.wait()
+        fail(f"the job ended (exit {job.returncode}) before both hosts published step 10")
+    # Every process inside h2 (its Open MPI daemon and ranks), but not the process that holds the host itself.
+    holder = open(f"/run/shardtrain-cluster/{name}/h2.pid").read().strip()
+    victims = [p for p in subprocess.run(["ip", "netns", "pids", f"{name}-h2"], capture_output=True,
+                                         text=True).stdout.split() if p != holder]
+    for pid in victims:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    job.communicate(timeout=300)
+    latest = {h: open(os.path.join(cluster("disk", h, name=name).stdout.strip(), "ckpt", "latest")).read().strip()
+              for h in ("h1", "h2")}
+    print(f"kill: SIGKILL of h2's {len(victims)} processes while step 10 was published but no latest moved: "
+          f"job exit {job.returncode}; latest {latest}")
+    if job.returncode == 0 or set(latest.values()) != {"step-000005"}:
+        fail("every host's latest should still name step-000005")
+    metrics = os.path.join(tmp, "resumed.jsonl")
+    proc = cluster("mpirun", "--host", "h1:2,h2:2", "-np", "4", trainer, *opts,
+                   *sets(logging__metrics_file=metrics), name=name)
+    expect(proc, 0, "resumed from /local/ckpt/step-000005", what="resume after the kill")
+    got = loss_by_step(metrics)
+    print(f"kill: resumed from step-000005 on both hosts; steps 6-14 equal the uninterrupted run: {got == {k: full[k] for k in got}}")
+    if sorted(got) != list(range(6, 15)) or any(got[k] != full[k] for k in got):
+        fail(f"the resumed run differs from the uninterrupted one: {got} vs {full}")
+
+
 def check_cleanup(name, trainer, tmp):
     proc = subprocess.run([CLUSTER, "run", "1", "--", "true"], env=dict(os.environ, ST_CLUSTER=name),
                           capture_output=True, text=True)
@@ -228,7 +278,7 @@ def main():
     if check.endswith("-inside"):
         name = os.environ["ST_CLUSTER"]
         {"hosts-inside": check_hosts_inside, "storage-inside": check_storage_inside,
-         "restart-inside": check_restart_inside}[check](name, trainer, sys.argv[3])
+         "restart-inside": check_restart_inside, "kill-inside": check_kill_inside}[check](name, trainer, sys.argv[3])
         return
     with tempfile.TemporaryDirectory() as tmp:
         if check == "cleanup":
