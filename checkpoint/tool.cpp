@@ -775,4 +775,71 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
                 share.tensors, human_bytes(c.catalog.total_bytes()));
 }
 
+VerifyReport verify_checkpoint_parts(const std::vector<std::string>& paths, int threads) {
+  if (paths.size() == 1) return verify_checkpoint(paths[0], threads);
+  // Each host's part, checked against its own marker; then the parts as one
+  // checkpoint, through a temporary directory of links to all their files.
+  std::vector<fs::path> dirs;
+  std::vector<std::string> problems, notes;
+  int64_t step = -1;
+  for (const std::string& path : paths) {
+    // A host's root: the step its `latest` names (a part is never complete alone, so
+    // resolve_checkpoint_dir would refuse the root).
+    ResolvedDir resolved;
+    const std::optional<std::string> latest = read_small_file(fs::path(path) / latest_file_name);
+    const std::optional<int64_t> named = latest ? parse_step_dir_name(trim_space(*latest)) : std::nullopt;
+    std::error_code dir_ec;
+    if (named && fs::is_directory(fs::path(path) / step_dir_name(*named), dir_ec)) {
+      resolved.path = (fs::path(path) / step_dir_name(*named)).string();
+    } else {
+      resolved = resolve_checkpoint_dir(path);
+    }
+    if (!resolved.note.empty()) notes.push_back(resolved.note);
+    const fs::path dir(resolved.path);
+    const CompleteMarker marker = read_complete_marker(dir);
+    if (!marker.problem.empty()) {
+      problems.push_back(format("{}: {}", dir.string(), marker.problem));
+      continue;
+    }
+    if (step < 0) step = marker.step;
+    if (marker.step != step)
+      problems.push_back(format("{} is step {}, {} is step {}: not parts of one checkpoint", paths[0], step,
+                                dir.string(), marker.step));
+    for (const MarkerFile& f : marker.files)
+      if (std::string problem = marker_file_problem(dir, f); !problem.empty())
+        problems.push_back(format("{}: {}", dir.string(), problem));
+    dirs.push_back(dir);
+  }
+  VerifyReport report;
+  if (!problems.empty() || dirs.empty()) {
+    report.problems = std::move(problems);
+    for (const std::string& path : paths) report.dir += (report.dir.empty() ? "" : " + ") + path;
+    return report;
+  }
+  char pattern[] = "/tmp/ckpt-verify-XXXXXX";
+  ST_CHECK(::mkdtemp(pattern) != nullptr, "cannot create a temporary directory: {}", errno_text());
+  const fs::path whole = fs::path(pattern) / step_dir_name(step);
+  std::error_code ec;
+  fs::create_directory(whole, ec);
+  std::map<std::string, fs::path> source;  // file name -> the part it is taken from
+  for (const fs::path& dir : dirs)
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!source.emplace(name, e.path()).second || !is_plain_file_name(name)) continue;
+      fs::create_symlink(fs::absolute(e.path()), whole / name, ec);
+    }
+  report = verify_checkpoint(whole.string(), threads);
+  fs::remove_all(pattern, ec);
+  std::string names;
+  for (const fs::path& dir : dirs) names += (names.empty() ? "" : " + ") + dir.string();
+  report.dir = names;
+  report.note = notes.empty() ? "" : notes[0];
+  // Messages name the part a file came from, not the temporary directory.
+  for (std::string& problem : report.problems)
+    for (const auto& [name, from] : source)
+      for (size_t at; (at = problem.find((whole / name).string())) != std::string::npos;)
+        problem.replace(at, (whole / name).string().size(), from.string());
+  return report;
+}
+
 }  // namespace st::checkpoint

@@ -67,6 +67,11 @@ struct VerifyReport {
 /// CRC32C and finiteness, with `threads` files read at once; reports every
 /// problem found, not only the first.
 VerifyReport verify_checkpoint(const std::string& path, int threads);
+/// `ckpt verify DIR1 DIR2 ...`: the hosts' parts of one checkpoint saved to
+/// node-local disks (topology.h), each checked against its own COMPLETE
+/// marker and all of them together as one checkpoint (verify_checkpoint over
+/// a temporary directory of links to their files). One path: verify_checkpoint.
+VerifyReport verify_checkpoint_parts(const std::vector<std::string>& paths, int threads);
 
 /// What convert does with the files beside the tensors that it does not
 /// simply copy. The checkpoint subsystem does not know the model's config

@@ -33,6 +33,7 @@ struct CkptArgs {
   bool help = false;                           // --help / -h / no arguments
   CkptCommand command = CkptCommand::Inspect;  // the first argument
   std::string dir;                             // the checkpoint to read
+  std::vector<std::string> parts;              // verify: every directory given (hosts' parts of one checkpoint)
   bool json = false;                           // inspect --json
   Layout to = Layout::Unified;                 // convert --to
   std::string out;                             // convert's output directory
@@ -41,7 +42,7 @@ struct CkptArgs {
 
 std::string ckpt_usage() {
   return "usage: ckpt inspect DIR [--json]\n"
-         "       ckpt verify DIR [--threads N]\n"
+         "       ckpt verify DIR [DIR2 ...] [--threads N]\n"
          "       ckpt convert DIR --to unified|sharded OUT\n"
          "       scripts/launch -np K ckpt convert DIR --to unified|sharded OUT\n\n"
          "  DIR is a checkpoint directory (root/step-NNNNNN) or a checkpoint root (then the checkpoint\n"
@@ -50,6 +51,8 @@ std::string ckpt_usage() {
          "    --json    the same as one JSON object\n"
          "  verify      every file the COMPLETE marker lists is present with its size, the index covers\n"
          "              every tensor, and every stored chunk matches its CRC32C; exit 1 naming each problem\n"
+         "              several DIRs: the hosts' parts of one checkpoint saved to node-local disks,\n"
+         "              each checked against its own COMPLETE marker and all together as one\n"
          "    --threads N  files checked at once (default 4)\n"
          "  convert     rewrite the checkpoint in the other layout into OUT (which must not exist), with\n"
          "              any number of processes; OUT is complete (COMPLETE marker) or absent\n";
@@ -121,6 +124,10 @@ CkptArgs parse_ckpt_args(const std::vector<std::string>& argv) {
     ST_CHECK(positional.size() == 2, "ckpt convert needs DIR and OUT: ckpt convert DIR --to unified|sharded OUT");
     args.dir = positional[0];
     args.out = positional[1];
+  } else if (args.command == CkptCommand::Verify) {
+    ST_CHECK(!positional.empty(), "ckpt verify needs a checkpoint directory (or several: the hosts' parts of one)");
+    args.dir = positional[0];
+    args.parts = positional;
   } else {
     ST_CHECK(positional.size() == 1, "ckpt {} needs exactly one checkpoint directory, got {}", command,
              positional.size());
@@ -157,7 +164,7 @@ int run(const std::vector<std::string>& argv, int& rank) {
       return 0;
     }
     case CkptCommand::Verify: {
-      const ckpt::VerifyReport report = ckpt::verify_checkpoint(args.dir, args.threads);
+      const ckpt::VerifyReport report = ckpt::verify_checkpoint_parts(args.parts, args.threads);
       if (!report.note.empty()) std::fprintf(stderr, "ckpt: %s\n", report.note.c_str());
       for (const std::string& problem : report.problems) std::fprintf(stderr, "ckpt: %s\n", problem.c_str());
       std::fprintf(report.ok() ? stdout : stderr, "%s\n", report.summary().c_str());

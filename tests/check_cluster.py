@@ -131,6 +131,10 @@ def check_copied_restart(trainer, tmp, disks, full):
     expect(proc, 1, "partial: this directory holds one host's part of a checkpoint saved to node-local disks; "
                     "6 file(s) are on other hosts", what="ckpt verify of one host's part")
     print("restart: ckpt verify of h2's part alone: exit 1, partial, names the 6 files on h1")
+    roots = [os.path.join(disks[h], "ckpt") for h in ("h1", "h2")]
+    expect(subprocess.run([CKPT, "verify", *roots], capture_output=True, text=True), 0,
+           "verified 84 tensors (84 chunks) in 12 files", ": OK", what="ckpt verify of both hosts' roots together")
+    print("restart: ckpt verify H1_ROOT H2_ROOT checks the two parts as one checkpoint: OK")
     merged = os.path.join(tmp, "merged", "step-000010")
     shutil.copytree(os.path.join(disks["h1"], "ckpt", "step-000010"), merged)
     for n in os.listdir(part):
