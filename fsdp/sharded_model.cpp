@@ -23,7 +23,10 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <unordered_map>
+
+#include <unistd.h>
 
 #include "core/ops.h"
 #include "core/profile.h"
@@ -137,14 +140,21 @@ struct ShardedModel::Impl {
   Impl(models::Module& model_, const FsdpConfig& config_, ProcessGroup& world_, int local_size, uint64_t seed,
        Logger& log_, Device device_)
       : model(model_), config(config_), world(world_), log(log_), device(device_) {
+    const bool by_host = config.sharding_strategy == ShardingStrategy::HybridShard && config.shard_group_size == 0 &&
+                         world.size() > 1;
+    const HostPlace place = by_host ? host_place() : HostPlace{};
     g = shard_group_size_for(local_size);
     param_dtype = config.mixed_precision.param_dtype;
     reduce_dtype = config.mixed_precision.reduce_dtype;
     plans = plan_units(model, config.auto_wrap);
 
     const int rank = world.rank();
-    shard_group = world.split(rank / g, rank);
-    replica_group = world.split(rank % g, rank);
+    // HYBRID_SHARD per host: shard group = the ranks on this host, replica group = the ranks at
+    // the same place on every host, whatever order the launcher gave the ranks (--map-by node).
+    // (A launcher that reports fewer ranks per host than a host runs splits each host into groups of that many.)
+    const int groups_per_host = place.ranks_per_host / g;
+    shard_group = world.split(by_host ? place.host * groups_per_host + place.place / g : rank / g, rank);
+    replica_group = world.split(by_host ? place.place % g : rank % g, rank);
     ST_CHECK(shard_group && shard_group->size() == g, "fsdp: shard group of rank {} has {} ranks, expected {}", rank,
              shard_group ? shard_group->size() : 0, g);
 
@@ -179,6 +189,46 @@ struct ShardedModel::Impl {
         p->grad = Tensor();
       }
     }
+  }
+
+  struct HostPlace {
+    int ranks_per_host = 1;
+    int host = 0;   // index of this rank's host, in the order of each host's lowest rank
+    int place = 0;  // this rank's position among the ranks of its host
+  };
+  // Collective: where this rank sits among the hosts (by host name). Every
+  // rank sees the same names, so an uneven job fails alike on every rank.
+  HostPlace host_place() const {
+    const int rank = world.rank();
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) name[0] = '?';
+    const std::vector<std::string> hosts = all_gather_strings(world, name);
+    std::vector<std::string> distinct;
+    std::map<std::string, int> count;
+    HostPlace out;
+    for (int r = 0; r < world.size(); ++r) {
+      const std::string& h = hosts[static_cast<size_t>(r)];
+      if (std::find(distinct.begin(), distinct.end(), h) == distinct.end()) distinct.push_back(h);
+      if (r == rank) {
+        out.host = static_cast<int>(std::find(distinct.begin(), distinct.end(), h) - distinct.begin());
+        out.place = count[h];
+      }
+      ++count[h];
+    }
+    out.ranks_per_host = count[distinct.front()];
+    std::string counts;
+    bool even = true;
+    for (const std::string& h : distinct) {
+      counts += format("{}{} on {}", counts.empty() ? "" : ", ", count[h], h);
+      even = even && count[h] == out.ranks_per_host;
+    }
+    if (!even)
+      throw AgreedError(format("HYBRID_SHARD shards within each host (fsdp.shard_group_size 0), so every host needs "
+                               "the same number of ranks; this job has {}: start as many on every host, or set "
+                               "fsdp.shard_group_size",
+                               counts),
+                        __FILE__, __LINE__);
+    return out;
   }
 
   int shard_group_size_for(int local_size) const {

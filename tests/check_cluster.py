@@ -15,6 +15,8 @@ reports as Skipped, with the reason. CHECK is one of:
             host without the other hosts' files is refused naming them.
   kill      SIGKILL of one host's ranks after every host published a step but before any `latest` moved:
             each host's `latest` stays on the previous step and the run resumes exactly.
+  hybrid    HYBRID_SHARD on 2 hosts x 2 ranks (by slot and --map-by node) equals FULL_SHARD on one host;
+            uneven hosts are refused in one line.
   cleanup   `scripts/cluster run` removes every namespace and /local after its
             command ends, and also after it is SIGKILLed (its reaper does).
 Each check prints what it observed; a failure exits 1.
@@ -243,6 +245,32 @@ def check_kill_inside(name, trainer, tmp):
         fail(f"the resumed run differs from the uninterrupted one: {got} vs {full}")
 
 
+def check_hybrid_inside(name, trainer, tmp):
+    """HYBRID_SHARD on 2 hosts x 2 ranks shards within each host (also when the launcher deals ranks out across
+    the hosts, --map-by node) and trains exactly as FULL_SHARD on one host; uneven hosts are refused."""
+    ref = os.path.join(tmp, "full_shard.jsonl")
+    run(mpirun(4) + [trainer, "--config", TINY, "--steps", "8"] + sets(logging__metrics_file=ref))
+    full = loss_by_step(ref)
+    for mapping in ([], ["--map-by", "node"]):
+        metrics = os.path.join(tmp, f"hybrid{len(mapping)}.jsonl")
+        proc = cluster("mpirun", "--host", "h1:2,h2:2", "-np", "4", *mapping, trainer, "--config", TINY, "--steps", "8",
+                       *sets(fsdp__sharding_strategy="HYBRID_SHARD", logging__metrics_file=metrics), name=name)
+        expect(proc, 0, "HYBRID_SHARD (shard groups of 2)", "2 replica(s)", what=f"HYBRID_SHARD {mapping}")
+        got = loss_by_step(metrics)
+        worst = max(abs(got[k] - full[k]) / abs(full[k]) for k in full)
+        print(f"hybrid: 2 hosts x 2 ranks{' ' + ' '.join(mapping) if mapping else ''}: 8 steps, largest relative "
+              f"difference to FULL_SHARD on one host {worst:.1e}")
+        if sorted(got) != sorted(full) or worst > 1e-6:
+            fail(f"HYBRID_SHARD across hosts differs from FULL_SHARD: {got} vs {full}")
+    proc = cluster("mpirun", "--host", "h1:3,h2:1", "-np", "4", trainer, "--config", TINY, "--steps", "2",
+                   *sets(fsdp__sharding_strategy="HYBRID_SHARD"), name=name)
+    expect(proc, 1, "so every host needs the same number of ranks; this job has 3 on h1, 1 on h2", what="uneven hosts")
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("trainer: error")]
+    if len(errors) != 1:
+        fail(f"uneven hosts should print one error line, got {errors}")
+    print("hybrid: 3 ranks on h1 and 1 on h2: one error line, exit 1")
+
+
 def check_cleanup(name, trainer, tmp):
     proc = subprocess.run([CLUSTER, "run", "1", "--", "true"], env=dict(os.environ, ST_CLUSTER=name),
                           capture_output=True, text=True)
@@ -282,7 +310,8 @@ def main():
     if check.endswith("-inside"):
         name = os.environ["ST_CLUSTER"]
         {"hosts-inside": check_hosts_inside, "storage-inside": check_storage_inside,
-         "restart-inside": check_restart_inside, "kill-inside": check_kill_inside}[check](name, trainer, sys.argv[3])
+         "restart-inside": check_restart_inside, "kill-inside": check_kill_inside,
+         "hybrid-inside": check_hybrid_inside}[check](name, trainer, sys.argv[3])
         return
     with tempfile.TemporaryDirectory() as tmp:
         if check == "cleanup":
