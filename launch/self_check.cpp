@@ -5,6 +5,8 @@
 #include <cmath>
 #include <numeric>
 
+#include <unistd.h>
+
 #include "core/dtype.h"
 
 namespace st::launch {
@@ -134,6 +136,53 @@ double time_op(ProcessGroup& group, int iters, auto&& op) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
 
+// A pair of ranks to time, and what it stands for.
+struct Pair {
+  int a = -1, b = -1;
+  std::string what;  // "same host h1" or "hosts h1 and h2"
+};
+
+// One pair of ranks on the same host and one on two hosts (when the job has
+// them), by the ranks' host names.
+std::vector<Pair> pairs_to_time(ProcessGroup& group) {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) name[0] = '?';
+  const std::vector<std::string> hosts = all_gather_strings(group, name);
+  std::vector<Pair> out;
+  for (int a = 0; a < group.size() && out.empty(); ++a)
+    for (int b = a + 1; b < group.size(); ++b)
+      if (hosts[static_cast<size_t>(a)] == hosts[static_cast<size_t>(b)]) {
+        out.push_back({a, b, format("same host {}", hosts[static_cast<size_t>(a)])});
+        break;
+      }
+  for (int b = 1; b < group.size(); ++b)
+    if (hosts[static_cast<size_t>(b)] != hosts[0]) {
+      out.push_back({0, b, format("hosts {} and {}", hosts[0], hosts[static_cast<size_t>(b)])});
+      break;
+    }
+  return out;
+}
+
+// Bandwidth between two ranks: an all_reduce on a group of just the pair
+// (busbw = algbw for two ranks), while the other ranks wait.
+void time_pairs(ProcessGroup& group, int64_t bytes, SelfCheckReport& report) {
+  for (const Pair& pair : pairs_to_time(group)) {
+    const bool member = group.rank() == pair.a || group.rank() == pair.b;
+    std::unique_ptr<ProcessGroup> two = group.split(member ? 0 : -1, group.rank());
+    double secs = 0;
+    if (member) {
+      Tensor t = Tensor::zeros({bytes / 4}, DType::F32);
+      secs = time_op(*two, 5, [&] { two->all_reduce(t).wait(); });
+    }
+    Tensor s = Tensor::full({1}, secs, DType::F32);
+    group.all_reduce(s, {.op = ReduceOp::Max}).wait();
+    secs = s.data<float>()[0];
+    const double b = static_cast<double>(bytes / 4 * 4);
+    report.bandwidth.push_back(
+        {format("ranks {} <-> {} ({})", pair.a, pair.b, pair.what), static_cast<int64_t>(b), secs, b / secs / 1e9});
+  }
+}
+
 }  // namespace
 
 bool SelfCheckReport::passed() const {
@@ -167,8 +216,10 @@ SelfCheckReport run_self_check(ProcessGroup& group, Logger& log, int64_t bandwid
     add("all_gather F32", time_op(group, iters, [&] { group.all_gather(full, shard).wait(); }), f);
     add("reduce_scatter F32", time_op(group, iters, [&] { group.reduce_scatter(shard, full).wait(); }), f);
     add("all_reduce F32", time_op(group, iters, [&] { group.all_reduce(full).wait(); }), 2 * f);
+    // Between two ranks: within a host and across hosts, when the job spans several.
+    time_pairs(group, full.nbytes(), report);
     for (const BandwidthResult& b : report.bandwidth) {
-      log.info0("  {:<28} {:>8.1f} MB {:>9.3f} ms  busbw {:>7.2f} GB/s", b.name, b.bytes / 1e6, b.seconds * 1e3,
+      log.info0("  {:<34} {:>8.1f} MB {:>9.3f} ms  busbw {:>7.2f} GB/s", b.name, b.bytes / 1e6, b.seconds * 1e3,
                 b.bus_gbps);
     }
   }

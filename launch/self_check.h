@@ -1,7 +1,9 @@
 #pragma once
 // A collective self-check for a freshly launched job: every ProcessGroup op
 // on inputs whose exact result is known, then bus bandwidth of all_gather,
-// reduce_scatter and all_reduce at one message size (nccl-tests' definition).
+// reduce_scatter and all_reduce at one message size (nccl-tests' definition),
+// and of two ranks on one host and two ranks on different hosts (when the
+// job has such pairs).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,7 +20,7 @@ struct SelfCheckResult {
 };
 
 struct BandwidthResult {
-  std::string name;     // "all_gather F32"
+  std::string name;     // "all_gather F32", "ranks 0 <-> 2 (hosts h1 and h2)"
   int64_t bytes = 0;    // per-rank output bytes (nccl-tests' "size")
   double seconds = 0;   // mean time per call
   double bus_gbps = 0;  // bus bandwidth, GB/s

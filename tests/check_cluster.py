@@ -7,7 +7,7 @@ Needs root and network namespaces; without them it exits 77, which CTest
 reports as Skipped, with the reason. CHECK is one of:
   hosts     2 hosts x 2 ranks through `scripts/cluster mpirun`: every rank runs on
             its own host (hostname, Open MPI's local rank and size per host), over
-            TCP between the hosts.
+            TCP between the hosts; --self-check times a pair within and across hosts.
   storage   checkpoint.dir on each host's own disk (/local) is detected as node-local
             and saved to, each data file on one host and identical to a shared save;
             one host's part verifies as partial; the parts copied together resume.
@@ -78,6 +78,11 @@ def check_hosts_inside(name, trainer, tmp):
     proc = cluster("mpirun", "--host", "h1:2,h2:2", "-np", "4", trainer, "--config", TINY, "--steps", "3", name=name)
     expect(proc, 0, "4 rank(s) (mpi backend)", "step 3/3", what="llama-tiny on 2 hosts x 2 ranks")
     print("hosts: llama-tiny trained 3 steps on 2 hosts x 2 ranks")
+    proc = cluster("mpirun", "--host", "h1:2,h2:2", "-np", "4", trainer, "--config", TINY, "--self-check", name=name)
+    out = expect(proc, 0, "collective self-check passed", "ranks 0 <-> 1 (same host h1)",
+                 "ranks 0 <-> 2 (hosts h1 and h2)", what="--self-check across hosts")
+    print("hosts: --self-check: " + "; ".join(" ".join(ln.split("INFO")[1].split()) for ln in out.splitlines()
+                                             if "<->" in ln))
 
 
 def cluster_job(trainer, steps, *extra):
