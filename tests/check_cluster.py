@@ -283,8 +283,10 @@ def check_cleanup(name, trainer, tmp):
         print(f"SKIPPED: {proc.stderr.strip()}")
         sys.exit(SKIP)
     left = {n for n in netns_names() if n.startswith(name + "-")}
+    if os.path.exists(f"/var/tmp/shardtrain-cluster/{name}"):
+        left.add(f"/var/tmp/shardtrain-cluster/{name}")
     if proc.returncode != 0 or left:
-        fail(f"cluster run 1 -- true: exit {proc.returncode}, namespaces left {sorted(left)}: {proc.stderr}")
+        fail(f"cluster run 1 -- true: exit {proc.returncode}, left {sorted(left)}: {proc.stderr}")
     print("cleanup: after its command ended, nothing of the cluster is left")
     # The command ends by itself once `cluster run` (its parent) is gone.
     waiter = ["sh", "-c", "while kill -0 $PPID 2>/dev/null; do sleep 0.2; done"]
@@ -302,8 +304,10 @@ def check_cleanup(name, trainer, tmp):
     while time.time() < deadline and (os.path.exists(state) or any(n.startswith(name + "-") for n in netns_names())):
         time.sleep(0.2)
     left = {n for n in netns_names() if n.startswith(name + "-")}
-    if left or os.path.exists(state):
-        fail(f"after SIGKILL of `cluster run`, left: {sorted(left)}")
+    disks = f"/var/tmp/shardtrain-cluster/{name}"
+    if left or os.path.exists(state) or os.path.exists(disks):
+        fail(f"after SIGKILL of `cluster run`, left: {sorted(left)} {state if os.path.exists(state) else ''} "
+             f"{disks if os.path.exists(disks) else ''}")
     print("cleanup: after SIGKILL of `scripts/cluster run`, its reaper removed the namespaces and state")
 
 
