@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -103,6 +104,15 @@ Watchdog::Watchdog(double timeout_s, Logger& log)
     side_->heard.assign(n, now_ns());
     side_->state.assign(n, Beat{});
     side_->root_heard = now_ns();
+    // Host names, so that a report names where the silent ranks run.
+    constexpr int kName = 64;
+    char mine[kName] = {};
+    if (::gethostname(mine, kName - 1) != 0) mine[0] = '?';
+    std::vector<char> all(n * kName);
+    MPI_CHECK(MPI_Allgather(mine, kName, MPI_CHAR, all.data(), kName, MPI_CHAR, side_->comm));
+    for (size_t r = 0; r < n; ++r) hosts_.emplace_back(all.data() + r * kName);
+    if (std::all_of(hosts_.begin(), hosts_.end(), [&](const std::string& h) { return h == hosts_[0]; }))
+      hosts_.clear();
   } else {
     log_.warn0("watchdog: MPI gives no MPI_THREAD_MULTIPLE, so ranks report only their own state on a timeout");
   }
@@ -253,8 +263,9 @@ std::string Watchdog::ranks_report(int64_t now) const {
     const int64_t quiet = now - s.heard[r];
     // Heartbeats come every beat, so three missed ones mean the rank is not running.
     if (quiet > std::min(timeout_ns_, 3 * beat_ns_))
-      silent.push_back(
-          format("{} (no heartbeat for {:.1f} s: stopped, frozen or dead{})", r, seconds(quiet), during_phase(b)));
+      silent.push_back(format("{}{} (no heartbeat for {:.1f} s: stopped, frozen or dead{})", r,
+                              hosts_.empty() ? std::string() : " on host " + hosts_[r], seconds(quiet),
+                              during_phase(b)));
     else if (b.blocked == 0)
       computing.push_back(format("{} (not waiting: computing for {:.1f} s after {} collective waits{})", r,
                                  seconds(b.idle), b.waits, during_phase(b)));

@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "core/log.h"
@@ -102,6 +103,8 @@ class Watchdog {
   std::string blocked_what_;  // guarded by what_mutex_
   std::string phase_;         // guarded by what_mutex_; "" outside a Phase
   std::unique_ptr<Side> side_;
+  // Each rank's host name when the job spans several hosts (else empty), for reports.
+  std::vector<std::string> hosts_;
   std::mutex stop_mutex_;
   std::condition_variable stop_cv_;
   bool stop_ = false;  // guarded by stop_mutex_
