@@ -1,30 +1,70 @@
 #!/usr/bin/env bash
-# Builds the project and its tests with AddressSanitizer + UndefinedBehaviorSanitizer
-# (g++, ST_SANITIZE=address,undefined) into build-asan/ and runs the unit tests
-# (ctest -L unit). Arguments replace "-L unit" as ctest's selection, e.g.
-#   scripts/sanitize.sh                      # every unit test
-#   scripts/sanitize.sh -R test_commit       # one test
-# A sanitizer report (memory error, leak, undefined behaviour) aborts the test
-# binary, so its test fails. Leak reports from third-party libraries are
-# suppressed by scripts/sanitize.supp, one commented entry per library; our own
-# code gets none.
+# Builds the project and its tests with g++ and a sanitizer, and runs a
+# selection of the CTest suite under it. Two modes (the first argument):
 #
-# Environment: ST_ASAN_BUILD_DIR (default build-asan), ST_JOBS (default: all cores).
+#   address  (default) AddressSanitizer + leak checks + UndefinedBehaviorSanitizer
+#            (ST_SANITIZE=address,undefined) in build-asan/: every unit test and
+#            the tests labelled `asan` (multi-rank tests at 2-4 ranks, trainer
+#            runs with a checkpoint save and resume, the ckpt tool, prepare),
+#            i.e. ctest -L 'unit|asan'.
+#   thread   ThreadSanitizer (ST_SANITIZE=thread) in build-tsan/: the tests
+#            labelled `tsan`, those of shardtrain's threads (OpenMP's pool of the
+#            CPU ops and GEMMs, the checkpoint I/O threads, the async save, the
+#            watchdog, prepare's encoders); it builds only the binaries they run
+#            (the target tsan_selection).
+#
+#   scripts/sanitize.sh                        # ASan + UBSan selection
+#   scripts/sanitize.sh thread                 # TSan selection
+#   scripts/sanitize.sh address -R test_commit # other ctest arguments replace the selection
+#
+# The labels and the TSan target list live beside the tests, at the end of
+# tests/CMakeLists.txt. A sanitizer report (memory error, leak, undefined
+# behaviour, data race) aborts the process, so its test fails. Reports from
+# third-party libraries are suppressed by scripts/sanitize.supp (leaks, for
+# ASan) and scripts/tsan.supp (races), one commented entry per library; our
+# own code gets none.
+#
+# Environment: ST_ASAN_BUILD_DIR (default build-asan), ST_TSAN_BUILD_DIR
+# (default build-tsan), ST_JOBS (default: all cores), and ASAN_OPTIONS,
+# LSAN_OPTIONS, UBSAN_OPTIONS, TSAN_OPTIONS, which are added to ours.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build_dir="${ST_ASAN_BUILD_DIR:-$root/build-asan}"
 jobs="${ST_JOBS:-$(nproc)}"
+mode=address
+if (($#)) && [[ $1 == address || $1 == thread ]]; then
+  mode=$1
+  shift
+fi
+
+if [[ $mode == address ]]; then
+  build_dir="${ST_ASAN_BUILD_DIR:-$root/build-asan}"
+  sanitize=address,undefined
+  targets=(all)
+  selection=(-L 'unit|asan')
+  # detect_leaks: leak checks at exit, third-party ones suppressed by
+  # sanitize.supp. abort_on_error: a report ends in SIGABRT, which no test
+  # takes for an expected exit code. strict_string_checks: str* functions
+  # check the whole string they read.
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:${ASAN_OPTIONS:-}"
+  export LSAN_OPTIONS="suppressions=$root/scripts/sanitize.supp:print_suppressions=0:${LSAN_OPTIONS:-}"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
+else
+  build_dir="${ST_TSAN_BUILD_DIR:-$root/build-tsan}"
+  sanitize=thread
+  targets=(tsan_selection)
+  selection=(-L tsan)
+  # halt_on_error + abort_on_error: the first race ends the process with
+  # SIGABRT. second_deadlock_stack: lock-order reports show both stacks.
+  export TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp:${TSAN_OPTIONS:-}"
+fi
 
 # No ST_WERROR: GCC warns differently with sanitizers on (false
 # maybe-uninitialized); the normal build holds the warnings to zero.
 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DST_SANITIZE=address,undefined -DST_WITH_CUDA=OFF >/dev/null
-cmake --build "$build_dir" -j "$jobs"
+  -DST_SANITIZE="$sanitize" -DST_WITH_CUDA=OFF >/dev/null
+cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"
 
-export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:${ASAN_OPTIONS:-}"
-export LSAN_OPTIONS="suppressions=$root/scripts/sanitize.supp:print_suppressions=0:${LSAN_OPTIONS:-}"
-export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
-(($#)) || set -- -L unit
+(($#)) || set -- "${selection[@]}"
 cd "$build_dir"
 ctest --output-on-failure -j "$jobs" "$@"
