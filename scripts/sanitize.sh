@@ -19,7 +19,10 @@
 #
 # The labels and the TSan target list live beside the tests, at the end of
 # tests/CMakeLists.txt. A sanitizer report (memory error, leak, undefined
-# behaviour, data race) aborts the process, so its test fails. Reports from
+# behaviour, data race) aborts the process, so its test fails, and is written
+# to <build>/sanitizer-reports/, so that it fails the script too when it came
+# from a process whose test expects it to fail (a bad input, a killed job);
+# the script prints every report at the end. Reports from
 # third-party libraries are suppressed by scripts/sanitize.supp (leaks, for
 # ASan) and scripts/tsan.supp (races), one commented entry per library; our
 # own code gets none.
@@ -39,6 +42,7 @@ fi
 
 if [[ $mode == address ]]; then
   build_dir="${ST_ASAN_BUILD_DIR:-$root/build-asan}"
+  reports="$build_dir/sanitizer-reports"
   sanitize=address,undefined
   targets=(all)
   selection=(-L 'unit|asan')
@@ -46,25 +50,42 @@ if [[ $mode == address ]]; then
   # sanitize.supp. abort_on_error: a report ends in SIGABRT, which no test
   # takes for an expected exit code. strict_string_checks: str* functions
   # check the whole string they read.
-  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:${ASAN_OPTIONS:-}"
+  export ASAN_OPTIONS="log_path=$reports/asan:detect_leaks=1:abort_on_error=1:strict_string_checks=1:${ASAN_OPTIONS:-}"
   export LSAN_OPTIONS="suppressions=$root/scripts/sanitize.supp:print_suppressions=0:${LSAN_OPTIONS:-}"
-  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
+  export UBSAN_OPTIONS="log_path=$reports/ubsan:print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
 else
   build_dir="${ST_TSAN_BUILD_DIR:-$root/build-tsan}"
+  reports="$build_dir/sanitizer-reports"
   sanitize=thread
   targets=(tsan_selection)
   selection=(-L tsan)
   # halt_on_error + abort_on_error: the first race ends the process with
   # SIGABRT. second_deadlock_stack: lock-order reports show both stacks.
-  export TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp:${TSAN_OPTIONS:-}"
+  export TSAN_OPTIONS="log_path=$reports/tsan:halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp:${TSAN_OPTIONS:-}"
 fi
 
-# No ST_WERROR: GCC warns differently with sanitizers on (false
-# maybe-uninitialized); the normal build holds the warnings to zero.
+# -O1 -g1 (line tables): the sanitizers' advice, and on the 2-core CI machine
+# a compile 2.6 times faster than RelWithDebInfo's -O2 -g (launch/config.cpp
+# under ASan: 6.2 s of CPU against 16.3). No ST_WERROR: GCC warns differently
+# with sanitizers on (false maybe-uninitialized); the normal build holds the
+# warnings to zero.
 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DST_SANITIZE="$sanitize" -DST_WITH_CUDA=OFF >/dev/null
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DST_SANITIZE="$sanitize" -DST_WITH_CUDA=OFF >/dev/null
 cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"
 
 (($#)) || set -- "${selection[@]}"
+rm -rf "$reports"
+mkdir -p "$reports"
 cd "$build_dir"
-ctest --output-on-failure -j "$jobs" "$@"
+rc=0
+ctest --output-on-failure -j "$jobs" "$@" || rc=$?
+found=("$reports"/*)
+if [[ -e ${found[0]} ]]; then
+  for f in "${found[@]}"; do
+    echo "sanitize: report $f:" >&2
+    head -n 80 "$f" >&2
+  done
+  echo "sanitize: FAILED: ${#found[@]} sanitizer report(s) in $reports" >&2
+  exit 1
+fi
+exit "$rc"
