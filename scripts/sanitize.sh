@@ -4,9 +4,9 @@
 #
 #   address  (default) AddressSanitizer + leak checks + UndefinedBehaviorSanitizer
 #            (ST_SANITIZE=address,undefined) in build-asan/: every unit test and
-#            the tests labelled `asan` (multi-rank tests at 2-4 ranks, trainer
-#            runs with a checkpoint save and resume, the ckpt tool, prepare),
-#            i.e. ctest -L 'unit|asan'.
+#            the tests labelled `asan` (multi-rank tests at 3-4 ranks, a
+#            trainer run saving in the background, stopped and resumed, the
+#            ckpt tool, prepare), i.e. ctest -L 'unit|asan'.
 #   thread   ThreadSanitizer (ST_SANITIZE=thread) in build-tsan/: the tests
 #            labelled `tsan`, those of shardtrain's threads (OpenMP's pool of the
 #            CPU ops and GEMMs, the checkpoint I/O threads, the async save, the
@@ -19,7 +19,7 @@
 #
 # The labels and the TSan target list live beside the tests, at the end of
 # tests/CMakeLists.txt. A sanitizer report (memory error, leak, undefined
-# behaviour, data race) aborts the process, so its test fails, and is written
+# behaviour, data race) ends the process, so its test fails, and is written
 # to <build>/sanitizer-reports/, so that it fails the script too when it came
 # from a process whose test expects it to fail (a bad input, a killed job);
 # the script prints every report at the end. Reports from
