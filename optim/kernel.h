@@ -11,6 +11,9 @@
 // such products in separate statements. On x86-64 the kernel is compiled
 // twice (with and without the FMA instruction set) and the loader picks one:
 // both round identically, the FMA one just runs without a libm call per fma.
+// Not under ThreadSanitizer: it instruments the clones' ifunc resolver, which
+// the loader runs before TSan's runtime exists (test_optim died with SIGSEGV
+// in sgd_kernel's resolver before main), so there the kernel is compiled once.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -19,7 +22,7 @@
 #include "optim/config.h"
 #include "optim/optimizer.h"
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define ST_OPTIM_KERNEL [[gnu::target_clones("fma", "default"), gnu::optimize("fp-contract=off")]]
 #elif defined(__GNUC__) && !defined(__clang__)
 #define ST_OPTIM_KERNEL [[gnu::optimize("fp-contract=off")]]

@@ -1,29 +1,64 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite (unit tests
-# and the multi-rank tests at 1-4 ranks); with FUZZ_SECONDS=N (N > 0) it then
-# runs scripts/fuzz.sh for N s per target. Arguments go to ctest, and then the
-# fuzzing is left out, e.g.
+# Installs what is missing, builds, and runs the whole test suite; this is
+# what CI runs (.ci/run). Without arguments, four stages, each failing the
+# script on any failure or finding:
+#   1. build/ and the whole CTest suite (unit tests, multi-rank tests at 1-4
+#      ranks, trainer runs end to end);
+#   2. fuzzing: scripts/fuzz.sh, every libFuzzer target of fuzz/ for
+#      FUZZ_SECONDS (default 30) on its seed corpus, clang + ASan + UBSan;
+#   3. ASan + UBSan: scripts/sanitize.sh address, every unit test and the
+#      tests labelled asan, built with g++ in build-asan/;
+#   4. TSan: scripts/sanitize.sh thread, the tests labelled tsan (those of the
+#      threads), built in build-tsan/.
+# Arguments go to ctest, and then only stage 1 runs, e.g.
 #   scripts/test.sh -R comm        # only the collective tests
 #   scripts/test.sh -L mpi         # only multi-rank tests
+#
+# Environment:
+#   FUZZ_SECONDS=N          seconds per fuzz target (default 30); 0 skips stage 2
+#   ST_SANITIZE_STAGES=...  which sanitizer stages run: "address thread"
+#                           (default), "address", "thread", or 0 for none
+#   ST_BUILD_DIR, ST_JOBS   as for scripts/setup.sh
+# Each stage prints how long it took ("test: stage ... took N s").
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${ST_BUILD_DIR:-$root/build}"
+fuzz_seconds="${FUZZ_SECONDS:-30}"
+sanitize_stages="${ST_SANITIZE_STAGES:-address thread}"
 
-"$root/scripts/setup.sh"
-cd "$build_dir"
-ctest --output-on-failure -j "${ST_JOBS:-$(nproc)}" "$@"
+[[ $fuzz_seconds =~ ^[0-9]+$ ]] || { echo "test: FUZZ_SECONDS must be a number of seconds (0 skips), got '$fuzz_seconds'" >&2; exit 2; }
+[[ $sanitize_stages =~ ^(0|address|thread|address\ thread|thread\ address)$ ]] || {
+  echo "test: ST_SANITIZE_STAGES must be 'address thread', 'address', 'thread' or 0, got '$sanitize_stages'" >&2
+  exit 2
+}
 
-# The whole suite (no ctest arguments) also fuzzes every parser of untrusted
-# input for FUZZ_SECONDS each when that is set and clang is there: with 20,
-# 11 minutes from a fresh clone on the shared 2-core development machine (the
-# clang build about 8.5, the runs 2.5). Off by default until CI's time for it
-# has been measured on a fresh machine (issue 27, item 11).
-fuzz_seconds="${FUZZ_SECONDS:-0}"
-if (($# == 0)) && [[ $fuzz_seconds != 0 ]]; then
-  if command -v clang++ >/dev/null; then
-    FUZZ_SECONDS="$fuzz_seconds" "$root/scripts/fuzz.sh"
-  else
-    echo "test: no clang++, so the parsers are not fuzzed (apt-get install clang libclang-rt-14-dev)"
-  fi
+# stage NAME COMMAND...: runs the command and says how long it took.
+stage() {
+  local name=$1 start=$SECONDS
+  shift
+  echo "test: stage $name"
+  "$@"
+  echo "test: stage $name took $((SECONDS - start)) s"
+}
+
+run_ctest() {
+  "$root/scripts/setup.sh"
+  cd "$build_dir"
+  ctest --output-on-failure -j "${ST_JOBS:-$(nproc)}" "$@"
+}
+
+if (($#)); then
+  run_ctest "$@"
+  exit 0
+fi
+stage "build + ctest" run_ctest
+if ((fuzz_seconds > 0)); then
+  stage "fuzz (${fuzz_seconds} s per target)" env FUZZ_SECONDS="$fuzz_seconds" "$root/scripts/fuzz.sh"
+fi
+if [[ $sanitize_stages != 0 ]]; then
+  for mode in address thread; do
+    [[ " $sanitize_stages " == *" $mode "* ]] || continue
+    stage "sanitize $mode" "$root/scripts/sanitize.sh" "$mode"
+  done
 fi

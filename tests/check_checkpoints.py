@@ -7,6 +7,11 @@ CHECK is one of:
   resume      llama-tiny at 4 ranks: 20 steps uninterrupted vs 10 steps, --stop-after
               with a checkpoint, new processes, --resume auto, 10 more: bit-identical
               losses, for both layouts (unified, sharded), sync and async saves
+  async       llama-tiny at 2 ranks, 12 steps, saving every step with checkpoint.async,
+              so each save's writer thread runs beside the next step (the check
+              ThreadSanitizer runs: scripts/sanitize.sh thread), stopped after 6 and
+              resumed: latest is step 6, keep_last 2 left steps 5 and 6 only, and
+              steps 7..12 are bit-identical to an uninterrupted run
   elastic     F32 llama-tiny saved at 4 ranks (FULL_SHARD, per-layer units), resumed at
               1, 2, 3 and 4 ranks with other strategies and wrap policies, from both
               layouts: losses within ELASTIC_BOUND relative of the uninterrupted run
@@ -113,6 +118,24 @@ def check_resume(trainer, tmp):
             print(f"resume {layout:8} async={mode:5}: steps 11..20 after a restart at 4 ranks, bit-identical: {same}")
             if not same:
                 fail("resumed losses differ from the uninterrupted run")
+
+
+def check_async(trainer, tmp):
+    full, _ = train(trainer, 2, tmp, "full", [], steps=12)
+    ckpt = os.path.join(tmp, "ckpt")
+    opts = sets(checkpoint__dir=ckpt, checkpoint__interval=1, checkpoint__keep_last=2, checkpoint__async="true")
+    first, _ = train(trainer, 2, tmp, "first", opts + ["--stop-after", "6"], steps=12)
+    if sorted(first) != list(range(1, 7)) or latest_of(ckpt) != os.path.join(ckpt, "step-000006"):
+        fail("async saves every step: --stop-after 6 did not stop after step 6 with latest naming step-000006")
+    steps = sorted(d for d in os.listdir(ckpt) if d.startswith("step-"))
+    if steps != ["step-000005", "step-000006"]:
+        fail(f"async saves every step with keep_last 2 left {steps}, expected step-000005 and step-000006")
+    second, _ = train(trainer, 2, tmp, "second", opts + ["--resume", "auto"], steps=12)
+    both = {**first, **second}
+    same = sorted(second) == list(range(7, 13)) and all(full[s] == both[s] for s in range(1, 13))
+    print(f"async: saved every step in the background, stopped after 6, resumed: steps 7..12 bit-identical: {same}")
+    if not same:
+        fail("after async saves every step, the resumed losses differ from the uninterrupted run")
 
 
 def check_elastic(trainer, tmp):
@@ -474,7 +497,7 @@ def check_compat(trainer, tmp):
 
 def main():
     trainer, check = os.path.abspath(sys.argv[1]), sys.argv[2]
-    checks = {"resume": check_resume, "elastic": check_elastic, "toy": check_toy, "options": check_options,
+    checks = {"resume": check_resume, "async": check_async, "elastic": check_elastic, "toy": check_toy, "options": check_options,
               "init-from": check_init_from, "crash": check_crash, "corruption": check_corruption,
               "sigterm": check_sigterm, "compat": check_compat}
     with tempfile.TemporaryDirectory() as tmp:
