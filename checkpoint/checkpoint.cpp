@@ -350,8 +350,7 @@ AutoResumed resume(const std::string& what, const std::string& root,
                    const StorageTopology& topology) {
   if (what == "auto") {
     AutoResumed resumed = resume_auto(
-        root, load_dir, [&](const std::string& message) { log.warn0("--resume auto: {}", message); }, group,
-        topology);
+        root, load_dir, [&](const std::string& message) { log.warn0("--resume auto: {}", message); }, group, topology);
     if (!resumed.path)
       log.info0("--resume auto: no step directory in {}{}; starting from step 0", root, absolute_note(root));
     return resumed;

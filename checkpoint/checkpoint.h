@@ -128,10 +128,10 @@ void load_entries(const Catalog& catalog, std::span<StateEntry> entries, const L
 
 /// How a run saves its checkpoints.
 struct RunOptions {
-  std::string root;       // checkpoint.dir: holds step-NNNNNN directories and `latest`
-  SaveOptions save;       // layout, model weights (snapshot follows `async`)
-  bool async = false;     // write in a background thread; training waits only for the host copy
-  int64_t keep_last = 0;  // retention (commit.h, apply_retention); <= 0 keeps all
+  std::string root;          // checkpoint.dir: holds step-NNNNNN directories and `latest`
+  SaveOptions save;          // layout, model weights (snapshot follows `async`)
+  bool async = false;        // write in a background thread; training waits only for the host copy
+  int64_t keep_last = 0;     // retention (commit.h, apply_retention); <= 0 keeps all
   StorageTopology topology;  // shared by all ranks (default), or a root on each host's own disk
 };
 

@@ -107,7 +107,8 @@ fs::path PendingCheckpoint::move_into_place() const {
   return old_copy;
 }
 
-void PendingCheckpoint::publish(const std::vector<std::string>& files_written, const std::vector<std::string>& elsewhere) {
+void PendingCheckpoint::publish(const std::vector<std::string>& files_written,
+                                const std::vector<std::string>& elsewhere) {
   ST_CHECK(!committed_, "checkpoint {} was already committed", final_path().string());
   stage("commit_begin");
 

@@ -296,9 +296,9 @@ struct RemoteReads {
     int server = -1;
     int64_t bytes() const { return count * static_cast<int64_t>(dtype_size(dtype)); }
   };
-  std::vector<std::vector<Request>> requests;             // [rank], in the requester's order
-  std::vector<std::pair<StateEntry*, int64_t>> my_dest;   // my requests: the entry and its element offset
-  std::deque<StateEntry> proxies;                         // what I read for others, by requester then order
+  std::vector<std::vector<Request>> requests;            // [rank], in the requester's order
+  std::vector<std::pair<StateEntry*, int64_t>> my_dest;  // my requests: the entry and its element offset
+  std::deque<StateEntry> proxies;                        // what I read for others, by requester then order
 };
 
 RemoteReads route_remote_reads(Loader& loader, const std::map<std::string, std::vector<int>>& readers,

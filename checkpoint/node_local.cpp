@@ -70,7 +70,9 @@ json list_step(const fs::path& dir) {
     if (name.ends_with(".safetensors")) {
       files.push_back({{"name", name}, {"size", size}, {"data", true}, {"bytes", to_hex(header_bytes(e.path()))}});
     } else if (size <= kMaxSmallFile) {
-      files.push_back({{"name", name}, {"size", size}, {"data", false},
+      files.push_back({{"name", name},
+                       {"size", size},
+                       {"data", false},
                        {"bytes", to_hex(read_regular_file(e.path(), "checkpoint file"))}});
     }
   }

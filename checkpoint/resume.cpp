@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
-#include <string_view>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -116,7 +116,8 @@ RootView view_from_json(const std::string& text) {
     view.error = j.at("error").get<std::string>();
     for (const json& s : j.at("steps"))
       view.steps.push_back({s.at("step").get<int64_t>(), s.at("problem").get<std::string>(), s.at("part").get<bool>(),
-                            s.at("held").get<std::vector<std::string>>(), s.at("away").get<std::vector<std::string>>()});
+                            s.at("held").get<std::vector<std::string>>(),
+                            s.at("away").get<std::vector<std::string>>()});
     if (!j.at("latest").is_null()) view.latest = j.at("latest").get<int64_t>();
     view.latest_problem = j.at("latest_problem").get<std::string>();
   } catch (const json::exception& e) {
@@ -220,9 +221,10 @@ RootView merge_host_views(std::span<const RootView> views) {
     for (const std::string& name : away)
       if (!held.contains(name)) missing.push_back(name);
     if (!missing.empty())
-      problems.push_back(format("{} file(s) are on none of these hosts: {} (the hosts that saved them must take "
-                                "part, or the files be copied to one that does)",
-                                missing.size(), join_strings(missing, ", ")));
+      problems.push_back(
+          format("{} file(s) are on none of these hosts: {} (the hosts that saved them must take "
+                 "part, or the files be copied to one that does)",
+                 missing.size(), join_strings(missing, ", ")));
     merged.problem = join_strings(problems, "; ");
     out.steps.push_back(std::move(merged));
   }
@@ -242,8 +244,8 @@ ResumePlan decide_resume(const fs::path& root, std::span<const RootView> views, 
     if (!differing.empty()) {
       ResumePlan plan;
       plan.action = ResumePlan::Action::Refuse;
-      plan.error = disagreement_message(root, views, differing, format("(the lowest rank on host {}) sees: {}", lead.host,
-                                                                        describe(root, lead)));
+      plan.error = disagreement_message(
+          root, views, differing, format("(the lowest rank on host {}) sees: {}", lead.host, describe(root, lead)));
       return plan;
     }
     hosts.push_back(lead);

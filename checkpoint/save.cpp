@@ -226,10 +226,10 @@ void StagedSave::Impl::route_pieces_home(size_t n_entries) {
   const auto host = [&](int r) { return topology.host_of_rank[static_cast<size_t>(r)]; };
   std::vector<std::vector<PieceWrite>> writes(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r)
-    writes[static_cast<size_t>(r)] =
-        r == rank ? plan.writes
-                  : (plan.layout == Layout::Unified ? plan_unified(view, options, r, world) : plan_sharded(view, r, world))
-                        .writes;
+    writes[static_cast<size_t>(r)] = r == rank ? plan.writes
+                                               : (plan.layout == Layout::Unified ? plan_unified(view, options, r, world)
+                                                                                 : plan_sharded(view, r, world))
+                                                     .writes;
   const auto moved = [&](int r, const PieceWrite& w) { return host(r) != host(home_rank(w.file)); };
   const auto bytes_of = [&](const PieceWrite& w) {
     const FileTensor& ft = plan.files[w.file].tensors[w.tensor];

@@ -485,9 +485,10 @@ std::set<std::string> check_marker(const fs::path& dir, const CompleteMarker& ma
   if (!away.empty()) {
     std::string names;
     for (const std::string& n : away) names += (names.empty() ? "" : ", ") + n;
-    problems.push_back(format("partial: this directory holds one host's part of a checkpoint saved to node-local "
-                              "disks; {} file(s) are on other hosts: {} (copy them here to check the whole)",
-                              away.size(), names));
+    problems.push_back(
+        format("partial: this directory holds one host's part of a checkpoint saved to node-local "
+               "disks; {} file(s) are on other hosts: {} (copy them here to check the whole)",
+               away.size(), names));
   }
   if (auto named = parse_step_dir_name(dir.filename().string()); named && *named != marker.step)
     problems.push_back(format("{}: COMPLETE is for step {}", dir.filename().string(), marker.step));

@@ -102,7 +102,8 @@ std::string StorageTopology::describe(const std::string& dir) const {
   std::vector<int> all(hosts.size());
   for (size_t h = 0; h < hosts.size(); ++h) all[h] = static_cast<int>(h);
   const std::string how = stated ? "checkpoint.shared" : "detected";
-  if (hosts.size() <= 1) return format("checkpoint.dir {}: one host ({}), one file system", dir, join_hosts(*this, all));
+  if (hosts.size() <= 1)
+    return format("checkpoint.dir {}: one host ({}), one file system", dir, join_hosts(*this, all));
   if (shared)
     return format("checkpoint.dir {}: one file system shared by the {} hosts {} ({})", dir, hosts.size(),
                   join_hosts(*this, all), how);

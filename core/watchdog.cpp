@@ -111,8 +111,7 @@ Watchdog::Watchdog(double timeout_s, Logger& log)
     std::vector<char> all(n * kName);
     MPI_CHECK(MPI_Allgather(mine, kName, MPI_CHAR, all.data(), kName, MPI_CHAR, side_->comm));
     for (size_t r = 0; r < n; ++r) hosts_.emplace_back(all.data() + r * kName);
-    if (std::all_of(hosts_.begin(), hosts_.end(), [&](const std::string& h) { return h == hosts_[0]; }))
-      hosts_.clear();
+    if (std::all_of(hosts_.begin(), hosts_.end(), [&](const std::string& h) { return h == hosts_[0]; })) hosts_.clear();
   } else {
     log_.warn0("watchdog: MPI gives no MPI_THREAD_MULTIPLE, so ranks report only their own state on a timeout");
   }

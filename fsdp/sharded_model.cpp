@@ -140,8 +140,8 @@ struct ShardedModel::Impl {
   Impl(models::Module& model_, const FsdpConfig& config_, ProcessGroup& world_, int local_size, uint64_t seed,
        Logger& log_, Device device_)
       : model(model_), config(config_), world(world_), log(log_), device(device_) {
-    const bool by_host = config.sharding_strategy == ShardingStrategy::HybridShard && config.shard_group_size == 0 &&
-                         world.size() > 1;
+    const bool by_host =
+        config.sharding_strategy == ShardingStrategy::HybridShard && config.shard_group_size == 0 && world.size() > 1;
     const HostPlace place = by_host ? host_place() : HostPlace{};
     g = shard_group_size_for(local_size);
     param_dtype = config.mixed_precision.param_dtype;

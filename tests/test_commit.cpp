@@ -897,7 +897,8 @@ TEST(NodeLocalResume, AMissingHostsFilesAreNamed) {
 
 TEST(NodeLocalResume, ADamagedPartIsNamedWithItsHost) {
   RootView h1{"h1", "", {part_of(10, {"a"}, {"b"}), part_of(20, {"a"}, {"b"})}, 20, ""};
-  RootView h2{"h2", "", {part_of(10, {"b"}, {"a"}), StepView{20, "b is missing (No such file)", false, {}, {}}}, 20, ""};
+  RootView h2{
+      "h2", "", {part_of(10, {"b"}, {"a"}), StepView{20, "b is missing (No such file)", false, {}, {}}}, 20, ""};
   const std::vector<RootView> hosts{h1, h2};
   const RootView merged = merge_host_views(hosts);
   ASSERT_EQ(merged.steps.size(), 2u);
@@ -912,7 +913,7 @@ TEST(NodeLocalResume, DecisionFallsBackAndANewEmptyHostAddsNothing) {
   t.shared = false;
   RootView h1{"h1", "", {part_of(10, {"a"}, {"b"}), part_of(20, {"a"}, {"b"})}, 20, ""};
   RootView h2{"h2", "", {part_of(10, {"b"}, {"a"})}, 10, ""};  // step 20's part never reached h2
-  RootView h3{"h3", "", {}, std::nullopt, "does not exist"};    // a new host, empty disk
+  RootView h3{"h3", "", {}, std::nullopt, "does not exist"};   // a new host, empty disk
   const std::vector<RootView> views{h1, h1, h2, h3};
   const ResumePlan plan = decide_resume("/ck", views, t);
   ASSERT_EQ(plan.action, ResumePlan::Action::Load) << plan.error;
