@@ -358,6 +358,33 @@ std::string marker_body(const fs::path& dir, int64_t step, const std::vector<std
 
 }  // namespace
 
+namespace {
+
+// One line of a COMPLETE marker after its step line: "file SIZE NAME",
+// "sum SIZE CRC NAME" or "elsewhere NAME"; false for anything else.
+bool add_marker_line(const std::string& line, CompleteMarker& out) {
+  if (line.starts_with("elsewhere ")) {
+    std::string name = line.substr(10);
+    if (!is_plain_file_name(name)) return false;
+    out.elsewhere.push_back(std::move(name));
+    return true;
+  }
+  std::istringstream fields(line);
+  std::string kind;
+  MarkerFile file;
+  std::string crc;
+  const bool ok = (fields >> kind >> file.size) &&
+                  (kind == "file" || (kind == "sum" && fields >> crc && crc.size() == 8 &&
+                                      crc.find_first_not_of("0123456789abcdef") == std::string::npos));
+  if (!ok) return false;
+  if (kind == "sum") file.crc32c = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
+  std::getline(fields >> std::ws, file.name);
+  out.files.push_back(std::move(file));
+  return true;
+}
+
+}  // namespace
+
 CompleteMarker read_complete_marker(const fs::path& dir) {
   CompleteMarker out;
   std::string problem;
@@ -399,29 +426,10 @@ CompleteMarker read_complete_marker(const fs::path& dir) {
   }
   out.step = *step;
   while (std::getline(in, line)) {
-    if (line.starts_with("elsewhere ")) {
-      std::string name = line.substr(10);
-      if (!is_plain_file_name(name)) {
-        out.problem = format("COMPLETE marker has a bad line '{}'", line);
-        return out;
-      }
-      out.elsewhere.push_back(std::move(name));
-      continue;
-    }
-    std::istringstream fields(line);
-    std::string kind;
-    MarkerFile file;
-    std::string crc;
-    const bool ok = (fields >> kind >> file.size) &&
-                    (kind == "file" || (kind == "sum" && fields >> crc && crc.size() == 8 &&
-                                        crc.find_first_not_of("0123456789abcdef") == std::string::npos));
-    if (!ok) {
+    if (!add_marker_line(line, out)) {
       out.problem = format("COMPLETE marker has a bad line '{}'", line);
       return out;
     }
-    if (kind == "sum") file.crc32c = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
-    std::getline(fields >> std::ws, file.name);
-    out.files.push_back(std::move(file));
   }
   return out;
 }

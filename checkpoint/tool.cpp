@@ -776,6 +776,22 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
                 share.tensors, human_bytes(c.catalog.total_bytes()));
 }
 
+namespace {
+
+// One host's part: a step directory, or a host's root, which stands for the
+// step its `latest` names (a part is never complete alone, so
+// resolve_checkpoint_dir would refuse the root).
+ResolvedDir resolve_part(const std::string& path) {
+  const std::optional<std::string> latest = read_small_file(fs::path(path) / latest_file_name);
+  const std::optional<int64_t> named = latest ? parse_step_dir_name(trim_space(*latest)) : std::nullopt;
+  std::error_code ec;
+  if (named && fs::is_directory(fs::path(path) / step_dir_name(*named), ec))
+    return ResolvedDir{(fs::path(path) / step_dir_name(*named)).string(), "", false};
+  return resolve_checkpoint_dir(path);
+}
+
+}  // namespace
+
 VerifyReport verify_checkpoint_parts(const std::vector<std::string>& paths, int threads) {
   if (paths.size() == 1) return verify_checkpoint(paths[0], threads);
   // Each host's part, checked against its own marker; then the parts as one
@@ -784,17 +800,7 @@ VerifyReport verify_checkpoint_parts(const std::vector<std::string>& paths, int 
   std::vector<std::string> problems, notes;
   int64_t step = -1;
   for (const std::string& path : paths) {
-    // A host's root: the step its `latest` names (a part is never complete alone, so
-    // resolve_checkpoint_dir would refuse the root).
-    ResolvedDir resolved;
-    const std::optional<std::string> latest = read_small_file(fs::path(path) / latest_file_name);
-    const std::optional<int64_t> named = latest ? parse_step_dir_name(trim_space(*latest)) : std::nullopt;
-    std::error_code dir_ec;
-    if (named && fs::is_directory(fs::path(path) / step_dir_name(*named), dir_ec)) {
-      resolved.path = (fs::path(path) / step_dir_name(*named)).string();
-    } else {
-      resolved = resolve_checkpoint_dir(path);
-    }
+    const ResolvedDir resolved = resolve_part(path);
     if (!resolved.note.empty()) notes.push_back(resolved.note);
     const fs::path dir(resolved.path);
     const CompleteMarker marker = read_complete_marker(dir);
