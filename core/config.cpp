@@ -11,6 +11,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 // The generic half of the configuration: every layer's visit_keys() lists its
@@ -515,19 +516,56 @@ void apply_override(const Schema& schema, std::string_view assignment) {
   set_field(schema, key, node, Where{"in --set"});
 }
 
+namespace {
+
+/// Sees only where each YAML document starts; the nodes are built by YAML::Load.
+class DocumentStarts final : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> starts;
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+/// Checks that `text` holds at most one YAML document. yaml-cpp's LoadAll
+/// never ends on some malformed input (a lone ',' yields empty documents
+/// forever without moving on, until memory runs out), so the documents are
+/// counted here, stopping at the second one or where the parser stands still.
+void check_single_document(const std::string& text, std::string_view source_name) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts seen;
+  while (parser.HandleNextDocument(seen) && seen.starts.size() < 2) {
+  }
+  if (seen.starts.size() < 2) return;
+  const YAML::Mark& second = seen.starts[1];
+  ST_CHECK(second.pos != seen.starts[0].pos, "YAML syntax error at {}:{}:{}: unexpected '{}' where a key or value should be",
+           source_name, second.line + 1, second.column + 1, text.substr(static_cast<size_t>(second.pos), 1));
+  ST_FAIL("{} holds more than one YAML document (a second one starts at line {}); expected one", source_name,
+          second.line + 1);
+}
+
+}  // namespace
+
 void load_yaml(const Schema& schema, std::string_view yaml, std::string_view source_name) {
   ST_CHECK(static_cast<int64_t>(yaml.size()) <= kMaxConfigBytes,
            "config {} is {} bytes, over the limit of {} bytes (1 MiB) for a config; is it a config file?", source_name,
            yaml.size(), kMaxConfigBytes);
-  std::vector<YAML::Node> docs;
+  const std::string text(yaml);
+  YAML::Node root;
   try {
-    docs = YAML::LoadAll(std::string(yaml));
+    check_single_document(text, source_name);
+    root = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
     ST_FAIL("YAML syntax error at {}:{}:{}: {}", source_name, e.mark.line + 1, e.mark.column + 1, e.msg);
   }
-  ST_CHECK(docs.size() <= 1, "{} holds {} YAML documents (separated by '---'); expected one", source_name, docs.size());
-  if (docs.empty() || docs[0].IsNull()) return;
-  const YAML::Node& root = docs[0];
+  if (root.IsNull()) return;
   ST_CHECK(root.IsMap(), "expected a map of sections ({}) at the top level of {}, got {}",
            join(views(children_of(schema, "")), ", "), source_name, describe(root));
   load_map(schema, root, "", source_name);
