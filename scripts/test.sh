@@ -14,25 +14,18 @@
 #   scripts/test.sh -R comm        # only the collective tests
 #   scripts/test.sh -L mpi         # only multi-rank tests
 #
-# Stages 2-4 are off by default for now (FUZZ_SECONDS=0, ST_SANITIZE_STAGES=0):
-# the first run of all four from a fresh clone found fuzz_config exceeding its
-# 2 GB memory limit, and libFuzzer then hung in its exit path for 15 minutes.
-# They go on by default once that is fixed and CI's time with them is
-# measured (issue 27, item 11). Turn them on with:
-#   FUZZ_SECONDS=30 ST_SANITIZE_STAGES="address thread" scripts/test.sh
-#
 # Environment:
-#   FUZZ_SECONDS=N          seconds per fuzz target (default 0: stage 2 skipped)
-#   ST_SANITIZE_STAGES=...  which sanitizer stages run: "address thread",
-#                           "address", "thread", or 0 for none (default)
+#   FUZZ_SECONDS=N          seconds per fuzz target (default 30; 0 skips stage 2)
+#   ST_SANITIZE_STAGES=...  which sanitizer stages run: "address thread"
+#                           (default), "address", "thread", or 0 for none
 #   ST_BUILD_DIR, ST_JOBS   as for scripts/setup.sh
 # Each stage prints how long it took ("test: stage ... took N s").
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${ST_BUILD_DIR:-$root/build}"
-fuzz_seconds="${FUZZ_SECONDS:-0}"
-sanitize_stages="${ST_SANITIZE_STAGES:-0}"
+fuzz_seconds="${FUZZ_SECONDS:-30}"
+sanitize_stages="${ST_SANITIZE_STAGES:-address thread}"
 
 [[ $fuzz_seconds =~ ^[0-9]+$ ]] || { echo "test: FUZZ_SECONDS must be a number of seconds (0 skips), got '$fuzz_seconds'" >&2; exit 2; }
 [[ $sanitize_stages =~ ^(0|address|thread|address\ thread|thread\ address)$ ]] || {
