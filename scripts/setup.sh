@@ -28,7 +28,8 @@ packages=(
   python3-sentencepiece        # tests: the PyTorch generation reference decodes with it
   librsvg2-bin                 # tests: rsvg-convert renders the plot's SVG
   fortunes                     # docs/TUTORIAL.md's text: 2.5 MB of English in /usr/share/games/fortunes
-  clang libclang-rt-14-dev     # scripts/fuzz.sh: libFuzzer targets (clang 14, its fuzzer and sanitizer runtimes)
+  clang libclang-rt-14-dev     # scripts/fuzz.sh, scripts/sanitize.sh address: clang 14, its fuzzer and sanitizer runtimes
+  libomp-dev                   # OpenMP for the clang builds (fuzz, ASan)
   iproute2 util-linux          # scripts/cluster: hosts from network namespaces (ip netns, unshare, nsenter, flock)
 )
 

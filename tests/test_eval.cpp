@@ -58,7 +58,7 @@ double reference_loss(const Config& c, const std::vector<std::pair<std::string, 
   std::unique_ptr<models::Model> model = models::build_model(c.model);
   models::allocate_parameters(*model, c.fsdp.mixed_precision.param_dtype);
   for (auto& [fqn, p] : model->named_parameters()) {
-    auto it = std::find_if(params.begin(), params.end(), [&](const auto& e) { return e.first == fqn; });
+    auto it = std::find_if(params.begin(), params.end(), [&name = fqn](const auto& e) { return e.first == name; });
     EXPECT_NE(it, params.end()) << fqn;
     if (it != params.end()) ops::cast(Tensor::from_vector(it->second, p->shape), p->value);
   }
