@@ -545,8 +545,9 @@ void check_single_document(const std::string& text, std::string_view source_name
   }
   if (seen.starts.size() < 2) return;
   const YAML::Mark& second = seen.starts[1];
-  ST_CHECK(second.pos != seen.starts[0].pos, "YAML syntax error at {}:{}:{}: unexpected '{}' where a key or value should be",
-           source_name, second.line + 1, second.column + 1, text.substr(static_cast<size_t>(second.pos), 1));
+  ST_CHECK(second.pos != seen.starts[0].pos,
+           "YAML syntax error at {}:{}:{}: unexpected '{}' where a key or value should be", source_name,
+           second.line + 1, second.column + 1, text.substr(static_cast<size_t>(second.pos), 1));
   ST_FAIL("{} holds more than one YAML document (a second one starts at line {}); expected one", source_name,
           second.line + 1);
 }

@@ -1,5 +1,10 @@
 #include "core/log.h"
 
+#include <cstdlib>
+
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "core/error.h"
 
 namespace st {
@@ -26,6 +31,17 @@ void Logger::emit(LogLevel level, std::string_view message) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::fwrite(line.data(), 1, line.size(), out_);
   std::fflush(out_);
+}
+
+void tell_launcher(std::string_view line) {
+  const char* path = std::getenv("ST_LAUNCH_ERROR_FILE");
+  if (!path || !*path) return;
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd < 0) return;
+  std::string text(line);
+  text += '\n';
+  [[maybe_unused]] const ssize_t written = ::write(fd, text.data(), text.size());
+  ::close(fd);
 }
 
 }  // namespace st

@@ -15,6 +15,13 @@ enum class LogLevel : uint8_t { Debug, Info, Warn, Error };
 /// "debug" | "info" | "warn" | "error"; throws st::Error for anything else.
 LogLevel parse_log_level(std::string_view name);
 
+/// Also hands `line` to scripts/launch when it asked for it
+/// ($ST_LAUNCH_ERROR_FILE, set by scripts/launch-rank on the launcher's host):
+/// across hosts mpirun may hold a rank's last output back (it sleeps in its
+/// kill path once another host's rank failed), and the launcher then repeats
+/// this line itself. Best effort: never fails, never blocks for long.
+void tell_launcher(std::string_view line);
+
 class Logger {
  public:
   /// Lines below `level` are dropped; output goes to `out` (stderr by default).

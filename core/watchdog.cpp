@@ -54,11 +54,14 @@ struct Watchdog::Side {
   std::vector<int64_t> heard;                      // rank 0: when each rank was last heard from
   std::vector<Beat> state;                         // rank 0: each rank's last heartbeat
   int64_t root_heard = 0;                          // other ranks: when rank 0 last answered
+  std::atomic<int> sending_to{-1};                 // the peer of the send in progress, for the guard
 
   void send(const Beat& beat, int to) {
     sends.emplace_back(beat, MPI_REQUEST_NULL);
+    sending_to.store(to);
     MPI_Isend(&sends.back().first, kBeatBytes, MPI_BYTE, to, to == 0 ? kHeartbeatTag : kAnswerTag, comm,
               &sends.back().second);
+    sending_to.store(-1);
     ++sent[static_cast<size_t>(to)];
     // Completed sends are dropped from the front (they complete in order per peer, closely enough).
     while (!sends.empty()) {
@@ -116,6 +119,7 @@ Watchdog::Watchdog(double timeout_s, Logger& log)
     log_.warn0("watchdog: MPI gives no MPI_THREAD_MULTIPLE, so ranks report only their own state on a timeout");
   }
   thread_ = std::thread([this] { run(); });
+  if (side_) guard_ = std::thread([this] { guard(); });
 }
 
 Watchdog::~Watchdog() {
@@ -125,6 +129,7 @@ Watchdog::~Watchdog() {
   }
   stop_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (guard_.joinable()) guard_.join();
   if (!side_ || std::uncaught_exceptions() > 0) return;
   // Every message sent on the side channel is received before it is freed:
   // the ranks tell each other how many they sent, then collect the rest.
@@ -185,7 +190,39 @@ void Watchdog::run() {
       if (side_) side_->root_heard = now;
       continue;
     }
+    beat_started_.store(now);
+    lock.unlock();  // guard() waits on the same mutex and must run while a beat is stuck
     beat(now);
+    lock.lock();
+    beat_started_.store(0);
+  }
+}
+
+void Watchdog::guard() {
+  std::unique_lock<std::mutex> lock(stop_mutex_);
+  int64_t last = now_ns();
+  while (!stop_cv_.wait_for(lock, std::chrono::nanoseconds(beat_ns_), [this] { return stop_; })) {
+    const int64_t now = now_ns();
+    const bool was_frozen = now - last > 3 * beat_ns_;  // as in run()
+    last = now;
+    const int64_t started = beat_started_.load();
+    if (was_frozen || started == 0 || now - started <= timeout_ns_) continue;
+    // The heartbeat thread is stuck inside MPI. Open MPI does that when a
+    // TCP peer dies: the thread that notices reports it to mpirun and waits,
+    // holding the connection's lock, for an answer that never comes while
+    // mpirun sleeps in its kill path. No MPI call can report it, so this
+    // rank says what it knows and ends itself; its exit fails the job.
+    const int peer = side_->sending_to.load();
+    const std::string what =
+        peer < 0 ? std::string("a heartbeat receive")
+                 : format("a heartbeat send to rank {}{}", peer, hosts_.empty() ? "" : " on host " + hosts_[peer]);
+    const std::string line = format(
+        "watchdog on rank {}: MPI has not returned for {:.1f} s ({} is blocked: Open MPI is stuck, as it is after "
+        "losing the connection to a rank that died or was cut off); {}; ending this rank (comm.timeout_s = {})",
+        rank_, seconds(now - started), what, local_state(now), timeout_s_);
+    log_.error("{}", line);
+    tell_launcher(line);
+    ::_exit(1);
   }
 }
 
@@ -276,12 +313,44 @@ std::string Watchdog::ranks_report(int64_t now) const {
     for (const std::string& x : v) out += (out.empty() ? "" : ", ") + x;
     return out.empty() ? std::string("none") : out;
   };
-  return format("ranks that have not arrived: {}; still computing: {}; waiting: {}", list(silent), list(computing),
-                list(waiting));
+  return format("{}ranks that have not arrived: {}; still computing: {}; waiting: {}", silent_hosts(now), list(silent),
+                list(computing), list(waiting));
+}
+
+std::string Watchdog::silent_hosts(int64_t now) const {
+  if (hosts_.empty()) return {};
+  struct Host {
+    std::string name;
+    std::string ranks;  // "2, 3"
+    bool silent = true;
+  };
+  std::vector<Host> hosts;  // in rank order
+  for (size_t r = 0; r < hosts_.size(); ++r) {
+    auto it = std::find_if(hosts.begin(), hosts.end(), [&](const Host& h) { return h.name == hosts_[r]; });
+    if (it == hosts.end()) it = hosts.insert(hosts.end(), Host{hosts_[r], {}, true});
+    it->ranks += (it->ranks.empty() ? "" : ", ") + std::to_string(r);
+    it->silent = it->silent && now - side_->heard[r] > std::min(timeout_ns_, 3 * beat_ns_);
+  }
+  std::string out;
+  for (const Host& h : hosts)
+    if (h.silent)
+      out += format("host {} (ranks {}) has gone silent: it is down or cut off from the others; ", h.name, h.ranks);
+  return out;
 }
 
 void Watchdog::abort_job(const std::string& message) {
-  log_.error("{}; aborting the job (comm.timeout_s = {})", message, timeout_s_);
+  const std::string line = format("{}; aborting the job (comm.timeout_s = {})", message, timeout_s_);
+  log_.error("{}", line);
+  tell_launcher(line);
+  // MPI_Abort asks mpirun to end the job, and waits for its answer, for ever
+  // when mpirun cannot give one: once a rank on another host has failed,
+  // mpirun sleeps in its kill path (2 x odls_base_sigkill_timeout, which
+  // scripts/launch raises to 2 minutes). So this rank ends itself a few
+  // seconds later; its exit status fails the job either way.
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    ::_exit(1);
+  }).detach();
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::terminate();  // MPI_Abort does not return; this only satisfies [[noreturn]]
 }

@@ -83,11 +83,16 @@ class Watchdog {
  private:
   struct Side;
   void run();
+  /// A second thread, for when the first is stuck inside MPI for timeout_s.
+  void guard();
   void beat(int64_t now);
   [[noreturn]] void abort_job(const std::string& message);
   std::string local_state(int64_t now);
   /// Rank 0: every rank's state from its last heartbeat, in three lists.
   std::string ranks_report(int64_t now) const;
+  /// Rank 0, in a job over several hosts: the hosts none of whose ranks sends
+  /// heartbeats any more ("host h2 (ranks 2, 3) has gone silent: ..."), or "".
+  std::string silent_hosts(int64_t now) const;
 
   const double timeout_s_;
   const int64_t timeout_ns_;
@@ -109,6 +114,8 @@ class Watchdog {
   std::condition_variable stop_cv_;
   bool stop_ = false;  // guarded by stop_mutex_
   std::thread thread_;
+  std::thread guard_;
+  std::atomic<int64_t> beat_started_{0};  // steady-clock ns when run()'s current beat began; 0 between beats
 };
 
 }  // namespace st

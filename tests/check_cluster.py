@@ -17,6 +17,8 @@ reports as Skipped, with the reason. CHECK is one of:
             each host's `latest` stays on the previous step and the run resumes exactly.
   hybrid    HYBRID_SHARD on 2 hosts x 2 ranks (by slot and --map-by node) equals FULL_SHARD on one host;
             uneven hosts are refused in one line.
+  failures  through scripts/launch: SIGTERM saves on both hosts, exits 0 and resumes; SIGKILL of every rank on
+            h2, and h2's link set down, end the job non-zero with one launch line naming host h2.
   cleanup   `scripts/cluster run` removes every namespace and /local after its
             command ends, and also after it is SIGKILLed (its reaper does).
 Each check prints what it observed; a failure exits 1.
@@ -276,6 +278,84 @@ def check_hybrid_inside(name, trainer, tmp):
     print("hybrid: 3 ranks on h1 and 1 on h2: one error line, exit 1")
 
 
+def start_launch(name, trainer, *args):
+    """`scripts/cluster launch` on 2 hosts x 2 ranks, started; returns it once the ranks trained step 3."""
+    job = subprocess.Popen([CLUSTER, "launch", "--host", "h1:2,h2:2", "-np", "4", trainer, "--config", TINY, *args],
+                           cwd=ROOT, env=dict(os.environ, ST_CLUSTER=name), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in job.stderr:  # EOF if the job ends first; the test's timeout guards a hang
+        seen.append(line)
+        if "step 3/" in line:
+            return job, seen
+    job.wait()
+    fail(f"the job ended (exit {job.returncode}) before step 3: {''.join(seen)[-3000:]}")
+
+
+def finish(job, seen):
+    """Waits for the job; returns its exit status and its whole output."""
+    out, err = job.communicate()
+    return job.returncode, "".join(seen) + err + out
+
+
+def host_trainers(name, host, trainer):
+    """The pids of the trainer processes running inside `host`."""
+    pids = subprocess.run(["ip", "netns", "pids", f"{name}-{host}"], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            if os.readlink(f"/proc/{pid}/exe") == trainer:
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def check_failures_inside(name, trainer, tmp):
+    """Through scripts/launch across hosts: SIGTERM saves on every host and exits 0, and the run resumes; every
+    rank of one host killed, or its link cut, ends the job non-zero with one line naming the host."""
+    ckpt = ["--set", "checkpoint.dir=/local/ckpt", "--set", "checkpoint.interval=100"]
+    job, seen = start_launch(name, trainer, "--steps", "400", *ckpt)
+    job.send_signal(signal.SIGTERM)  # the Popen's pid is scripts/launch itself (cluster and nsenter exec it)
+    code, out = finish(job, seen)
+    stopped = [ln for ln in out.splitlines() if "stopped after step" in ln]
+    if code != 0 or not stopped:
+        sys.stderr.write(out[-3000:])
+        fail(f"SIGTERM to the launcher: exit {code}, expected 0 and a 'stopped after step' line")
+    k = int(stopped[0].split("stopped after step ")[1].split()[0])
+    latest = {h: open(os.path.join(cluster("disk", h, name=name).stdout.strip(), "ckpt", "latest")).read().strip()
+              for h in ("h1", "h2")}
+    print(f"failures: SIGTERM to scripts/launch: exit 0 after step {k}; latest on each host: {latest}")
+    if set(latest.values()) != {f"step-{k:06d}"}:
+        fail(f"every host's latest should name step-{k:06d}")
+    metrics = os.path.join(tmp, "resumed.jsonl")
+    proc = cluster(*cluster_job(trainer, k + 2, *ckpt, *sets(logging__metrics_file=metrics)), name=name)
+    expect(proc, 0, f"resumed from /local/ckpt/step-{k:06d}", what="resume after SIGTERM")
+    if sorted(loss_by_step(metrics)) != [k + 1, k + 2]:
+        fail(f"the resumed run logged steps {sorted(loss_by_step(metrics))}, expected {k + 1}, {k + 2}")
+    print(f"failures: resumed on both hosts from step-{k:06d}, trained steps {k + 1}-{k + 2}")
+
+    job, seen = start_launch(name, trainer, "--steps", "400", "--set", "comm.timeout_s=10")
+    victims = host_trainers(name, "h2", trainer)
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    code, out = finish(job, seen)
+    said = [ln for ln in out.splitlines() if ln.startswith("launch: rank") and "on host h2" in ln]
+    print(f"failures: SIGKILL of h2's {len(victims)} ranks: exit {code}; " + (said[0] if said else "no launch line"))
+    if len(victims) != 2 or code == 0 or len(said) != 1:
+        sys.stderr.write(out[-3000:])
+        fail("expected exit non-zero and one 'launch: rank ...' line naming host h2")
+
+    job, seen = start_launch(name, trainer, "--steps", "400", "--set", "comm.timeout_s=10")
+    cluster("link", "h2", "down", name=name)
+    code, out = finish(job, seen)
+    said = [ln for ln in out.splitlines() if ln.startswith("launch: rank")]
+    print(f"failures: h2's link down: exit {code}; " + (said[0] if said else "no launch line"))
+    if code == 0 or len(said) != 1 or "host h2 (ranks 2, 3) has gone silent" not in said[0]:
+        sys.stderr.write(out[-3000:])
+        fail("expected exit non-zero and one 'launch: rank ...' line saying host h2 (ranks 2, 3) has gone silent")
+
+
 def check_cleanup(name, trainer, tmp):
     proc = subprocess.run([CLUSTER, "run", "1", "--", "true"], env=dict(os.environ, ST_CLUSTER=name),
                           capture_output=True, text=True)
@@ -320,7 +400,7 @@ def main():
         name = os.environ["ST_CLUSTER"]
         {"hosts-inside": check_hosts_inside, "storage-inside": check_storage_inside,
          "restart-inside": check_restart_inside, "kill-inside": check_kill_inside,
-         "hybrid-inside": check_hybrid_inside}[check](name, trainer, sys.argv[3])
+         "hybrid-inside": check_hybrid_inside, "failures-inside": check_failures_inside}[check](name, trainer, sys.argv[3])
         return
     with tempfile.TemporaryDirectory() as tmp:
         if check == "cleanup":
