@@ -345,6 +345,34 @@ Loaded load(std::span<StateEntry> entries, const std::string& dir, const LoadOpt
   return out;
 }
 
+namespace {
+
+/// Refuses, agreed by every rank, a step directory that holds one host's part
+/// of a node-local save while the run reads it as whole (checkpoint.dir
+/// shared or unset): said before the loader trips over the first file that
+/// is on another host.
+void check_not_one_hosts_part(const std::string& what, const std::string& path, ProcessGroup& group) {
+  std::string mine;
+  try {
+    const CompleteMarker marker = read_complete_marker(path);
+    const std::string reason =
+        marker.problem.empty() && !marker.elsewhere.empty() ? incomplete_reason(path, marker.step) : "";
+    if (reason.starts_with("holds one host's part"))
+      mine = format(
+          "--resume {}: {} (as rank {} on host {} sees it) {}; or, when those hosts take part in this run, "
+          "put checkpoint.dir on the hosts' own disks too, so that they read it together",
+          what, path, group.rank(), host_name(), reason);
+  } catch (const Error&) {
+    // The loader reports an unreadable marker, naming it.
+  }
+  const std::vector<std::string> all =
+      group.size() == 1 ? std::vector<std::string>{mine} : all_gather_strings(group, mine);
+  for (const std::string& message : all)
+    if (!message.empty()) throw AgreedError(message, __FILE__, __LINE__);
+}
+
+}  // namespace
+
 AutoResumed resume(const std::string& what, const std::string& root,
                    const std::function<void(const std::string& dir)>& load_dir, Logger& log, ProcessGroup& group,
                    const StorageTopology& topology) {
@@ -355,6 +383,16 @@ AutoResumed resume(const std::string& what, const std::string& root,
       log.info0("--resume auto: no step directory in {}{}; starting from step 0", root, absolute_note(root));
     return resumed;
   }
+  // On node-local disks every host holds part of a root's checkpoints, so a
+  // root is read as --resume auto reads checkpoint.dir: the newest step the
+  // hosts hold complete between them. (A step directory has no step
+  // directories in it; every rank then agrees to go on below.)
+  if (!topology.shared) {
+    AutoResumed resumed = resume_auto(
+        what, load_dir, [&](const std::string& message) { log.warn0("--resume {}: {}", what, message); }, group,
+        topology);
+    if (resumed.path) return resumed;
+  }
   // The checkpoint a user's path stands for (a root stands for the one `latest` names).
   const ResolvedDir resolved = agree_checkpoint_dir(what, group);
   if (resolved.fell_back) {
@@ -362,6 +400,7 @@ AutoResumed resume(const std::string& what, const std::string& root,
   } else if (!resolved.note.empty()) {
     log.info0("{}", resolved.note);
   }
+  if (topology.shared) check_not_one_hosts_part(what, resolved.path, group);
   load_dir(resolved.path);
   return {resolved.path, {}};
 }

@@ -10,7 +10,8 @@ reports as Skipped, with the reason. CHECK is one of:
             TCP between the hosts; --self-check times a pair within and across hosts.
   storage   checkpoint.dir on each host's own disk (/local) is detected as node-local
             and saved to, each data file on one host and identical to a shared save;
-            one host's part verifies as partial; the parts copied together resume.
+            one host's part verifies as partial; the parts copied together resume; --resume ROOT reads the
+            hosts' parts together; a host's step directory read as whole is refused.
   restart   node-local --resume auto: 1 -> 2 -> 4 hosts for both layouts equal the uninterrupted run; 4 -> 1
             host without the other hosts' files is refused naming them.
   kill      SIGKILL of one host's ranks after every host published a step but before any `latest` moved:
@@ -130,6 +131,28 @@ def check_storage_inside(name, trainer, tmp):
     print(f"storage: {len(data)} data files, each on one host ({', '.join(f'{h}: {len(v)}' for h, v in per_host.items())}),"
           f" identical to the shared save's")
     check_copied_restart(trainer, tmp, disks, loss_by_step(full))
+    check_resume_path(name, trainer, tmp, loss_by_step(full))
+
+
+def check_resume_path(name, trainer, tmp, full):
+    """--resume PATH on node-local disks: a root is read as --resume auto reads checkpoint.dir (the hosts' parts
+    together); a step directory read as whole (no node-local checkpoint.dir) is refused in one line."""
+    metrics = os.path.join(tmp, "resumed-root.jsonl")
+    proc = cluster(*cluster_job(trainer, 12, "--resume", "/local/ckpt",
+                                *sets(checkpoint__dir="/local/ckpt-b", logging__metrics_file=metrics)), name=name)
+    expect(proc, 0, "resumed from /local/ckpt/step-000010", what="--resume ROOT on node-local disks")
+    got = loss_by_step(metrics)
+    print(f"storage: --resume /local/ckpt (node-local root): steps 11, 12 loss {got.get(11)!r}, {got.get(12)!r}; "
+          f"uninterrupted {full[11]!r}, {full[12]!r}")
+    if got != {11: full[11], 12: full[12]}:
+        fail("the run resumed from the root differs from the uninterrupted one")
+    proc = cluster(*cluster_job(trainer, 12, "--resume", "/local/ckpt/step-000010"), name=name)
+    expect(proc, 1, "--resume /local/ckpt/step-000010: /local/ckpt/step-000010 (as rank 0 on host h1 sees it) holds "
+                    "one host's part", "put checkpoint.dir on the hosts' own disks too", what="one host's part as whole")
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("trainer: error")]
+    if len(errors) != 1:
+        fail(f"expected one error line, got {errors}")
+    print("storage: --resume STEP without a node-local checkpoint.dir: exit 1, one line: " + errors[0][:120] + " ...")
 
 
 def check_copied_restart(trainer, tmp, disks, full):
