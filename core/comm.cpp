@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include <mpi.h>
+#include <unistd.h>
 
 namespace st {
 
@@ -300,6 +301,12 @@ WorldInfo detect_world() {
            "launcher environment: local rank {} ({}) is not below the local size {} ({})", info.local_rank,
            local_rank ? local_rank->name : "default", info.local_size, local_size ? local_size->name : "world size");
   return info;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
 }
 
 // --- runtime ----------------------------------------------------------------------

@@ -83,6 +83,22 @@ class ProcessGroup {
   /// "mpi", "local" or "nccl".
   virtual std::string backend_name() const = 0;
 
+  /// True when this group's ranks run on more than one host (host names
+  /// compared once, when the group is made). The MPI backend only; the local
+  /// and NCCL backends answer false.
+  virtual bool spans_hosts() const { return false; }
+  /// Payload bytes this rank has handed to collectives on groups that span
+  /// hosts, summed over this group and every group split from it (directly or
+  /// not), which share one counter. Per collective, the bytes of the send
+  /// buffer this rank gives MPI: all_gather its `in`; reduce_scatter its whole
+  /// `in`; all_reduce `t`; broadcast `t` on the root, nothing elsewhere;
+  /// all_to_allv its whole `in` (the pieces for itself included); barrier
+  /// nothing. BF16 Sum/Avg travel as F32 (see comm_mpi.cpp), so count 4 bytes
+  /// an element. Point-to-point traffic (the watchdog's heartbeats) is not
+  /// counted, nor what MPI adds on the wire (headers, the relaying of a
+  /// tree or ring algorithm). The MPI backend only; the others answer 0.
+  virtual int64_t cross_host_bytes() const { return 0; }
+
   /// The watchdog that blocking waits of this group (and of groups split from
   /// it later) report to; nullptr for none. It must outlive the group's use.
   void set_watchdog(Watchdog* watchdog) { watchdog_ = watchdog; }
@@ -142,6 +158,9 @@ struct WorldInfo {
   bool launched = false;  // true when a launcher (mpirun, srun) started us
 };
 WorldInfo detect_world();
+
+/// This machine's host name (gethostname), "?" when it cannot be read.
+std::string host_name();
 
 enum class CommBackend : uint8_t { Auto, Local, Mpi };
 

@@ -24,17 +24,27 @@
 // starts; only when its steps run moves. ST_MPI_PROGRESS=0 turns the hook off
 // (for before/after measurements).
 //
+// Bytes across hosts: a group learns at creation whether its ranks sit on
+// more than one host (one all-gather of host names) and, if so, adds each
+// collective's send-buffer bytes (core/comm.h, cross_host_bytes) to a counter
+// that the world group shares with every group split from it. On one host
+// that costs one branch per collective.
+//
 // GPU tensors are staged through host memory: copied to the host when the
 // collective starts (which waits for the GPU's pending work), run through the
 // CPU path, and the output copied back inside wait(). That costs two copies
 // per call, which is why GPU runs use the NCCL backend; staging is what lets
 // several ranks share one GPU (tests) or a GPU build run without NCCL.
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string_view>
 
@@ -313,20 +323,46 @@ class MpiWork final : public Work::Impl {
   std::function<void()> finish_;
 };
 
+/// Payload bytes sent on groups that span hosts; shared by a world group and its splits.
+using ByteCounter = std::shared_ptr<std::atomic<int64_t>>;
+
+/// True when the ranks of `comm` report more than one host name (collective).
+bool comm_spans_hosts(MPI_Comm comm) {
+  constexpr int kName = 256;
+  std::array<char, kName> mine{};
+  const std::string name = host_name();
+  std::memcpy(mine.data(), name.data(), std::min<size_t>(name.size(), kName - 1));
+  int size = 1;
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  std::vector<char> all(static_cast<size_t>(size) * kName);
+  MPI_CHECK(MPI_Allgather(mine.data(), kName, MPI_CHAR, all.data(), kName, MPI_CHAR, comm));
+  for (int r = 0; r < size; ++r) {
+    if (std::memcmp(all.data() + static_cast<size_t>(r) * kName, mine.data(), kName) != 0) return true;
+  }
+  return false;
+}
+
 class MpiGroup final : public ProcessGroup {
  public:
-  explicit MpiGroup(MpiComm comm)
-      : comm_(std::move(comm)), bf16_max_(&bf16_max, /*commutative=*/true), f32_max_(&f32_max, /*commutative=*/true) {
+  /// Collective over `comm`: finds whether it spans hosts.
+  MpiGroup(MpiComm comm, ByteCounter sent)
+      : comm_(std::move(comm)),
+        bf16_max_(&bf16_max, /*commutative=*/true),
+        f32_max_(&f32_max, /*commutative=*/true),
+        sent_(std::move(sent)) {
     // Errors come back as codes that wait() turns into st::Error, instead of
     // MPI aborting the job from inside the library.
     MPI_CHECK(MPI_Comm_set_errhandler(comm_.get(), MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(comm_.get(), &rank_));
     MPI_CHECK(MPI_Comm_size(comm_.get(), &size_));
+    spans_hosts_ = comm_spans_hosts(comm_.get());
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "mpi"; }
+  bool spans_hosts() const override { return spans_hosts_; }
+  int64_t cross_host_bytes() const override { return sent_->load(std::memory_order_relaxed); }
 
   Work all_gather(const Tensor& out, const Tensor& in, const AllGatherOptions& opts) override {
     check_all_gather(out, in);
@@ -349,6 +385,7 @@ class MpiGroup final : public ProcessGroup {
     }
     work->keep(in);
     work->keep(out);
+    count_sent(in.nbytes());
     MPI_Datatype type = wire_type(in.dtype());
     work->check_started(MPI_Iallgather(send, count, type, out.raw_data(), count, type, comm_.get(), work->request()));
     return Work(std::move(work));
@@ -371,6 +408,7 @@ class MpiGroup final : public ProcessGroup {
       work->keep(in32);
       work->keep(out32);
       work->on_complete([out, out32, divisor] { round_to_bf16_into(out, out32, divisor); });
+      count_sent(in32.nbytes());
       work->check_started(MPI_Ireduce_scatter_block(in32.raw_data(), out32.raw_data(), count, MPI_FLOAT, MPI_SUM,
                                                     comm_.get(), work->request()));
       return Work(std::move(work));
@@ -382,6 +420,7 @@ class MpiGroup final : public ProcessGroup {
       send = copy.raw_data();
     }
     if (opts.op == ReduceOp::Avg) work->on_complete([out, divisor] { divide_f32(out, divisor); });
+    count_sent(in.nbytes());
     work->check_started(MPI_Ireduce_scatter_block(send, out.raw_data(), count, wire_type(out.dtype()), MPI_SUM,
                                                   comm_.get(), work->request()));
     return Work(std::move(work));
@@ -399,6 +438,7 @@ class MpiGroup final : public ProcessGroup {
     float divisor = opts.op == ReduceOp::Avg ? static_cast<float>(size_) : 1.0f;
     if (opts.op == ReduceOp::Max) {
       MPI_Op op = t.dtype() == DType::BF16 ? bf16_max_.get() : t.dtype() == DType::F32 ? f32_max_.get() : MPI_MAX;
+      count_sent(t.nbytes());
       work->check_started(
           MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), count, wire_type(t.dtype()), op, comm_.get(), work->request()));
       return Work(std::move(work));
@@ -407,11 +447,13 @@ class MpiGroup final : public ProcessGroup {
       Tensor t32 = upcast_bf16(t);
       work->keep(t32);
       work->on_complete([t, t32, divisor] { round_to_bf16_into(t, t32, divisor); });
+      count_sent(t32.nbytes());
       work->check_started(
           MPI_Iallreduce(MPI_IN_PLACE, t32.raw_data(), count, MPI_FLOAT, MPI_SUM, comm_.get(), work->request()));
       return Work(std::move(work));
     }
     if (opts.op == ReduceOp::Avg) work->on_complete([t, divisor] { divide_f32(t, divisor); });
+    count_sent(t.nbytes());
     work->check_started(
         MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), count, wire_type(t.dtype()), MPI_SUM, comm_.get(), work->request()));
     return Work(std::move(work));
@@ -426,6 +468,7 @@ class MpiGroup final : public ProcessGroup {
     int count = mpi_count("broadcast", "t", t.numel());
     auto work = start(format("broadcast(root {})", opts.root), t);
     work->keep(t);
+    if (rank_ == opts.root) count_sent(t.nbytes());
     work->check_started(MPI_Ibcast(t.raw_data(), count, wire_type(t.dtype()), opts.root, comm_.get(), work->request()));
     return Work(std::move(work));
   }
@@ -452,6 +495,7 @@ class MpiGroup final : public ProcessGroup {
     }
     work->keep(in);
     work->keep(out);
+    count_sent(in.nbytes());
     MPI_Datatype type = wire_type(in.dtype());
     work->check_started(MPI_Ialltoallv(send, ints.data(), ints.data() + n, type, out.raw_data(), ints.data() + 2 * n,
                                        ints.data() + 3 * n, type, comm_.get(), work->request()));
@@ -471,12 +515,17 @@ class MpiGroup final : public ProcessGroup {
     ST_CHECK(rc == MPI_SUCCESS, "split(color {}, key {}) failed on rank {} of {}: {}", color, key, rank_, size_,
              detail::mpi_error_string(rc));
     if (sub == MPI_COMM_NULL) return nullptr;
-    auto group = std::make_unique<MpiGroup>(MpiComm(sub));
+    auto group = std::make_unique<MpiGroup>(MpiComm(sub), sent_);
     group->set_watchdog(watchdog());
     return group;
   }
 
  private:
+  /// Adds a collective's send-buffer bytes to the counter when this group spans hosts.
+  void count_sent(size_t bytes) {
+    if (spans_hosts_) sent_->fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  }
+
   /// A Work named after the op, the tensor it moves and this rank.
   std::unique_ptr<MpiWork> start(const std::string& op, const Tensor& t) const {
     // The profile charges all-gathers, reductions and the rest to separate rows.
@@ -511,8 +560,10 @@ class MpiGroup final : public ProcessGroup {
   MpiComm comm_;
   MpiOp bf16_max_;
   MpiOp f32_max_;
+  ByteCounter sent_;
   int rank_ = 0;
   int size_ = 1;
+  bool spans_hosts_ = false;
 };
 
 }  // namespace
@@ -526,7 +577,7 @@ std::unique_ptr<ProcessGroup> make_mpi_world_group() {
   // A private copy: our traffic never matches messages of other MPI users,
   // and its error handler is ours to set.
   MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
-  return std::make_unique<MpiGroup>(MpiComm(comm));
+  return std::make_unique<MpiGroup>(MpiComm(comm), std::make_shared<std::atomic<int64_t>>(0));
 }
 
 }  // namespace st

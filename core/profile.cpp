@@ -196,6 +196,7 @@ StepProfile mean_profile(const std::vector<StepProfile>& steps) {
   for (size_t i = 0; i < kActivities; ++i) m.activity[i] = mean([i](const StepProfile& s) { return s.activity[i]; });
   m.gemm_flops = mean([](const StepProfile& s) { return s.gemm_flops; });
   m.ops = static_cast<int64_t>(std::llround(mean([](const StepProfile& s) { return static_cast<double>(s.ops); })));
+  m.cross_host_bytes = mean([](const StepProfile& s) { return s.cross_host_bytes; });
   return m;
 }
 
@@ -214,6 +215,7 @@ std::string format_step(const StepProfile& s, const ReportContext& ctx) {
   if (ctx.gemm_peak > 0) line += format(" ({:.0f}% of peak)", percent(gemm_rate, ctx.gemm_peak));
   if (ctx.model_flops_step > 0 && s.seconds > 0)
     line += format(", model {:.1f} GFLOP/s", ctx.model_flops_step / s.seconds / 1e9);
+  if (ctx.across_hosts) line += format(" | across hosts {} B", with_commas(std::llround(s.cross_host_bytes)));
   return line;
 }
 
@@ -250,6 +252,11 @@ std::string format_summary(const std::vector<StepProfile>& steps, const ReportCo
         format("\n  model: {:.4e} FLOP per step on this rank, {:.1f} GFLOP/s", ctx.model_flops_step, model_rate / 1e9);
     if (ctx.gemm_peak > 0) out += format(" = {:.1f}% of the GEMM peak", percent(model_rate, ctx.gemm_peak));
     out += format("; GEMM FLOPs / model FLOPs = {:.4f}", m.gemm_flops / ctx.model_flops_step);
+  }
+  if (ctx.across_hosts) {
+    out += format(
+        "\n  across hosts: {:.2f} MB per step per rank ({} bytes; collectives over groups that span hosts: payload)",
+        m.cross_host_bytes / 1e6, with_commas(std::llround(m.cross_host_bytes)));
   }
   return out;
 }

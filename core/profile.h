@@ -44,7 +44,9 @@ const char* phase_name(Phase p);
 const char* activity_name(Activity a);
 
 /// One step's figures: seconds per phase and per activity (each array sums to
-/// `seconds`), GEMM FLOPs (2*m*n*k per ops::gemm) and the op count.
+/// `seconds`), GEMM FLOPs (2*m*n*k per ops::gemm), the op count and the
+/// payload bytes this rank sent in collectives over groups that span hosts
+/// (ProcessGroup::cross_host_bytes; the caller adds them).
 struct StepProfile {
   int64_t step = 0;  // 1-based
   double seconds = 0;
@@ -52,6 +54,7 @@ struct StepProfile {
   std::array<double, kActivities> activity{};
   double gemm_flops = 0;
   int64_t ops = 0;
+  double cross_host_bytes = 0;
 };
 
 /// An exclusive-time stack: the innermost open scope is charged until it
@@ -94,6 +97,7 @@ class Profiler {
   void move_phase_time(Phase from, Phase to, double seconds);
   void add_gemm_flops(double flops) { current_.gemm_flops += flops; }
   void count_op() { ++current_.ops; }
+  void add_cross_host_bytes(int64_t bytes) { current_.cross_host_bytes += static_cast<double>(bytes); }
 
   /// Makes this profiler the calling thread's (RAII; restores the previous).
   class Scope {
@@ -195,9 +199,11 @@ struct ReportContext {
   std::string peak_note;        // "1024^3 F32 through ops::gemm"
   double model_flops_step = 0;  // model FLOPs of this rank's tokens in one step
   int rank = 0;
+  bool across_hosts = false;  // the job spans hosts: report cross_host_bytes
 };
 
-/// One line per logged step: "profile step 3: 1.234 s | phase ... | activity ... | GEMM ... GFLOP/s".
+/// One line per logged step: "profile step 3: 1.234 s | phase ... | activity ... | GEMM ... GFLOP/s",
+/// ending "| across hosts 97,328 B" when ctx.across_hosts.
 std::string format_step(const StepProfile& s, const ReportContext& ctx);
 /// The end-of-run table (several lines, no trailing newline).
 std::string format_summary(const std::vector<StepProfile>& steps, const ReportContext& ctx);

@@ -26,8 +26,6 @@
 #include <map>
 #include <unordered_map>
 
-#include <unistd.h>
-
 #include "core/ops.h"
 #include "core/profile.h"
 #include "core/watchdog.h"
@@ -200,9 +198,7 @@ struct ShardedModel::Impl {
   // rank sees the same names, so an uneven job fails alike on every rank.
   HostPlace host_place() const {
     const int rank = world.rank();
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) name[0] = '?';
-    const std::vector<std::string> hosts = all_gather_strings(world, name);
+    const std::vector<std::string> hosts = all_gather_strings(world, host_name());
     std::vector<std::string> distinct;
     std::map<std::string, int> count;
     HostPlace out;

@@ -5,8 +5,6 @@
 #include <cmath>
 #include <numeric>
 
-#include <unistd.h>
-
 #include "core/dtype.h"
 
 namespace st::launch {
@@ -145,9 +143,7 @@ struct Pair {
 // One pair of ranks on the same host and one on two hosts (when the job has
 // them), by the ranks' host names.
 std::vector<Pair> pairs_to_time(ProcessGroup& group) {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) name[0] = '?';
-  const std::vector<std::string> hosts = all_gather_strings(group, name);
+  const std::vector<std::string> hosts = all_gather_strings(group, host_name());
   std::vector<Pair> out;
   for (int a = 0; a < group.size() && out.empty(); ++a)
     for (int b = a + 1; b < group.size(); ++b)

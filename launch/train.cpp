@@ -148,15 +148,21 @@ std::unique_ptr<ProcessGroup> device_group(ProcessGroup& world, DeviceKind kind,
 // --profile (logging.profile): the GEMM peak measured once, a profiler on
 // this thread (the one that runs the model), a line per logged step and the
 // table at the end. Rank 0 prints; every rank measures, so the peak is taken
-// with all ranks of the host busy, as they are in training.
+// with all ranks of the host busy, as they are in training. When the job
+// spans hosts and the model talks over the world's MPI groups, each step also
+// reports the bytes this rank sent in collectives over groups that span hosts.
 class RunProfile {
  public:
-  RunProfile(const Config& config, ProcessGroup& world, Device device, DType compute_dtype, double model_flops_per_step,
-             Logger& log)
-      : log_(log) {
+  RunProfile(const Config& config, ProcessGroup& world, const ProcessGroup& fsdp_group, Device device,
+             DType compute_dtype, double model_flops_per_step, Logger& log)
+      : log_(log), world_(world) {
     if (!config.logging.profile) return;
     ctx_.rank = world.rank();
     ctx_.model_flops_step = model_flops_per_step;
+    ctx_.across_hosts = world.spans_hosts() && &fsdp_group == &world;
+    if (world.spans_hosts() && !ctx_.across_hosts)
+      log.info0("profile: bytes across hosts not counted (the model's collectives run on {})",
+                fsdp_group.backend_name());
     if (device.is_cpu()) {
       world.barrier().wait();  // every rank measures at once, as they compute at once
       constexpr int64_t n = 1024;
@@ -170,10 +176,13 @@ class RunProfile {
   }
 
   void begin(int64_t step) {
-    if (profiler_) profiler_->step_begin(step);
+    if (!profiler_) return;
+    profiler_->step_begin(step);
+    sent_before_ = world_.cross_host_bytes();
   }
   void end(bool print) {
     if (!profiler_) return;
+    profiler_->add_cross_host_bytes(world_.cross_host_bytes() - sent_before_);
     const profile::StepProfile& s = profiler_->step_end();
     if (print) log_.info0("{}", profile::format_step(s, ctx_));
   }
@@ -185,6 +194,8 @@ class RunProfile {
 
  private:
   Logger& log_;
+  const ProcessGroup& world_;  // its counter includes every group split from it
+  int64_t sent_before_ = 0;    // world_.cross_host_bytes() when the step began
   profile::ReportContext ctx_;
   std::unique_ptr<profile::Profiler> profiler_;
   std::unique_ptr<profile::Profiler::Scope> scope_;
@@ -357,7 +368,7 @@ void Trainer::setup() {
   setup_data();
   log_model();
   log_run();
-  run_profile_.emplace(config_, world_, device_, compute_dtype_,
+  run_profile_.emplace(config_, world_, *fsdp_group_, device_, compute_dtype_,
                        flops_.flops_per_token * static_cast<double>(tc_.seq_len) *
                            static_cast<double>(tc_.global_batch_size) / world_.size(),
                        log_);

@@ -17,16 +17,20 @@ reports as Skipped, with the reason. CHECK is one of:
   kill      SIGKILL of one host's ranks after every host published a step but before any `latest` moved:
             each host's `latest` stays on the previous step and the run resumes exactly.
   hybrid    HYBRID_SHARD on 2 hosts x 2 ranks (by slot and --map-by node) equals FULL_SHARD on one host;
-            uneven hosts are refused in one line.
+            uneven hosts are refused in one line; --profile counts the bytes each rank sends across hosts
+            per step, exactly as derived from the unit table for HYBRID_SHARD, more for FULL_SHARD, and
+            the test prints them beside the links' own byte counters.
   failures  through scripts/launch: SIGTERM saves on both hosts, exits 0 and resumes; SIGKILL of every rank on
             h2, and h2's link set down, end the job non-zero with one launch line naming host h2.
   cleanup   `scripts/cluster run` removes every namespace and /local after its
             command ends, and also after it is SIGKILLed (its reaper does).
 Each check prints what it observed; a failure exits 1.
 """
+import json
 import os
 import shutil
 import signal
+import re
 import subprocess
 import sys
 import tempfile
@@ -299,6 +303,73 @@ def check_hybrid_inside(name, trainer, tmp):
     if len(errors) != 1:
         fail(f"uneven hosts should print one error line, got {errors}")
     print("hybrid: 3 ranks on h1 and 1 on h2: one error line, exit 1")
+    check_bytes_across_hosts(name, trainer)
+
+
+def wire_tx_bytes(name):
+    """Bytes each host's link (eth0 in its namespace) has sent so far, by host."""
+    out = {}
+    for host in ("h1", "h2"):
+        proc = subprocess.run(["ip", "-n", f"{name}-{host}", "-s", "-j", "link", "show", "eth0"], capture_output=True,
+                              text=True, check=True)
+        out[host] = json.loads(proc.stdout)[0]["stats64"]["tx"]["bytes"]
+    return out
+
+
+def fsdp_table(out):
+    """(shard group size, accumulation steps, [padded numel per unit]) from the trainer's start-up lines."""
+    g = re.search(r"fsdp units \([A-Z_]+, shard groups of (\d+), \d+ replica\(s\)\):", out)
+    accum = re.search(r"global batch \d+ = \d+ rank\(s\) x (\d+) micro-batch\(es\)", out)
+    if not g or not accum:
+        fail("no 'fsdp units' table or 'global batch' line in the trainer's output")
+    table = out[g.end():].split("per-rank memory")[0]
+    padded = [int(m.group(2)) for m in re.finditer(r"\s(\d+)\s+(\d+)\s*$", table, re.M)]
+    if not padded:
+        fail(f"no unit rows in the 'fsdp units' table: {table!r}")
+    return int(g.group(1)), int(accum.group(1)), padded
+
+
+def profiled_bytes(name, trainer, strategy, steps):
+    """A 2 hosts x 2 ranks --profile run: (trainer output, counted bytes per step by step, wire tx bytes by host)."""
+    before = wire_tx_bytes(name)
+    proc = cluster("mpirun", "--host", "h1:2,h2:2", "-np", "4", trainer, "--config", TINY, "--steps", str(steps),
+                   "--profile", *sets(fsdp__sharding_strategy=strategy, fsdp__mixed_precision__reduce_dtype="f32"),
+                   name=name)
+    after = wire_tx_bytes(name)
+    out = expect(proc, 0, "across hosts:", "collectives over groups that span hosts: payload)", what=strategy)
+    counted = {int(s): int(b.replace(",", "")) for s, b in
+               re.findall(r"profile step (\d+): .*\| across hosts ([0-9,]+) B$", out, re.M)}
+    if sorted(counted) != list(range(1, steps + 1)):
+        fail(f"{strategy}: expected an 'across hosts' figure for steps 1..{steps}, got {sorted(counted)}")
+    return out, counted, {h: after[h] - before[h] for h in after}
+
+
+def check_bytes_across_hosts(name, trainer):
+    """--profile counts the payload each rank sends in collectives over groups that span hosts. HYBRID_SHARD
+    sends only its replica all-reduce and the trainer's scalar world collectives across hosts, so the count is
+    derived from the printed unit table; FULL_SHARD, whose every collective spans the hosts, sends more."""
+    steps = 4
+    hybrid_out, hybrid, hybrid_wire = profiled_bytes(name, trainer, "HYBRID_SHARD", steps)
+    g, accum, padded = fsdp_table(hybrid_out)
+    # Per micro-batch and unit, a replica all-reduce of this rank's gradient shard, padded/g F32 elements.
+    grads = accum * sum(p // g for p in padded) * 4
+    # One 4-byte element each over the world: the loss count (I32), a stop flag between micro-batches, the loss
+    # sum, and the stop flag at the step's end (no checkpoint.dir: Checkpointer::end_of_step).
+    scalars = 4 * (1 + (accum - 1) + 1 + 1)
+    if any(b != grads + scalars for b in hybrid.values()):
+        fail(f"HYBRID_SHARD: counted {hybrid} bytes per step, expected {grads} + {scalars} = {grads + scalars} "
+             f"({accum} micro-batches x units padded {padded} / {g} x 4 bytes, plus the scalars)")
+    full_out, full, full_wire = profiled_bytes(name, trainer, "FULL_SHARD", steps)
+    if min(full.values()) <= max(hybrid.values()):
+        fail(f"FULL_SHARD should send more across hosts than HYBRID_SHARD: {full} vs {hybrid}")
+    for strategy, counted, wire in (("HYBRID_SHARD", hybrid, hybrid_wire), ("FULL_SHARD", full, full_wire)):
+        total = 4 * sum(counted.values())
+        print(f"hybrid: --profile {strategy}: across hosts {counted[steps]:,} B per step per rank counted "
+              f"(payload); {steps} steps x 4 ranks = {total:,} B; wire tx over the whole job (start-up included) "
+              f"h1 {wire['h1']:,} B, h2 {wire['h2']:,} B")
+    # Each HYBRID replica all-reduce is a pair on two hosts: every counted byte crosses the wire.
+    if sum(hybrid_wire.values()) < 4 * sum(hybrid.values()):
+        fail(f"HYBRID_SHARD: the links sent {hybrid_wire} bytes, less than the payload counted {hybrid}")
 
 
 def start_launch(name, trainer, *args):

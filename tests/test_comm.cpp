@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,6 +71,24 @@ TEST(CommWorld, SecondRuntimeIsRefused) {
     std::string message = error_of([] { CommRuntime local(CommBackend::Local); });
     EXPECT_NE(message.find("the local backend runs one process"), std::string::npos) << message;
   }
+}
+
+// CTest starts every rank on this host, so no group spans hosts and the
+// counter of bytes across hosts stays 0 whatever the collectives move
+// (tests/check_cluster.py counts on real hosts).
+TEST(CommWorld, OneHostSendsNothingAcrossHosts) {
+  ProcessGroup& w = world();
+  EXPECT_FALSE(w.spans_hosts());
+  std::unique_ptr<ProcessGroup> sub = w.split(/*color=*/0, /*key=*/w.rank());
+  ASSERT_NE(sub, nullptr);
+  EXPECT_FALSE(sub->spans_hosts());
+  Tensor t = Tensor::full({64}, 1.0, DType::F32);
+  w.all_reduce(t).wait();
+  sub->broadcast(t).wait();
+  Tensor all = Tensor::empty({64 * w.size()}, DType::F32);
+  sub->all_gather(all, t).wait();
+  EXPECT_EQ(w.cross_host_bytes(), 0);
+  EXPECT_EQ(sub->cross_host_bytes(), 0);
 }
 
 // --- every op x dtype ------------------------------------------------------------
