@@ -356,6 +356,14 @@ CommRuntime::CommRuntime(CommBackend backend) : info_(detect_world()) {
   }
 }
 
+void finalize_mpi_for_agreed_error() {
+  int initialized = 0;
+  int finalized = 0;
+  if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized) return;
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+  MPI_Finalize();
+}
+
 CommRuntime::~CommRuntime() {
   world_.reset();  // the world communicator goes before MPI does
   if (!mpi_initialized_) return;

@@ -193,6 +193,13 @@ std::string broadcast_string(ProcessGroup& group, const std::string& text, int r
 /// Every rank's `text`, indexed by rank (collective).
 std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& text);
 
+/// For a rank other than 0 that leaves on an error every rank agreed on (rank
+/// 0 reports it): finalizes MPI when it is running. MPI_Finalize waits for
+/// every rank, and rank 0 exits without it, so this rank never ends before
+/// rank 0 has written its line; an exit without MPI_Finalize would make
+/// mpirun end the job at once, rank 0 with it, sometimes before the line.
+void finalize_mpi_for_agreed_error();
+
 /// Runs `f` on every rank of `group` and agrees on its outcome (collective):
 /// when it throws on any rank, every rank throws the same st::AgreedError
 /// with the message of the lowest failing rank, prefixed "rank r: " unless

@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
     }
     if (!first) {
       // Rank 0 reports it and its exit status fails the job. Were this rank to
-      // exit non-zero first, mpirun would kill rank 0 before its line got out.
+      // exit first, mpirun would kill rank 0 before its line got out.
+      st::finalize_mpi_for_agreed_error();
       return 0;
     }
     std::fprintf(stderr, "trainer: error: %s\n", e.message().c_str());
