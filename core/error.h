@@ -3,7 +3,8 @@
 // wrappers around foreign APIs); main() catches what reaches it, prints one
 // line and exits non-zero. Other catch sites (checkpoint/ turns a rank's
 // failure into a decision every rank shares, tools collect per-file
-// problems) catch only to report or agree, never to hide an error. Messages name what the user can fix: file, key, tensor, rank.
+// problems) catch only to report or agree, never to hide an error. Messages name what the user can fix: file, key,
+// tensor, rank.
 #include <functional>
 #include <stdexcept>
 #include <string>
