@@ -16,6 +16,7 @@
 
 #include "checkpoint/commit.h"
 #include "checkpoint/fs.h"
+#include "core/comm.h"
 #include "core/error.h"
 
 namespace st::checkpoint {

@@ -215,10 +215,4 @@ std::string trim_space(std::string s) {
   return s;
 }
 
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
-}
-
 }  // namespace st::checkpoint

@@ -127,7 +127,4 @@ std::optional<std::string> read_small_file(const std::filesystem::path& path, st
 /// `text` without leading and trailing spaces, tabs and line ends.
 std::string trim_space(std::string text);
 
-/// This host's name, for messages that say where a process runs ("?" when unknown).
-std::string host_name();
-
 }  // namespace st::checkpoint

@@ -13,6 +13,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include "core/comm.h"
 #include "core/error.h"
 
 namespace st {
@@ -110,7 +111,8 @@ Watchdog::Watchdog(double timeout_s, Logger& log)
     // Host names, so that a report names where the silent ranks run.
     constexpr int kName = 64;
     char mine[kName] = {};
-    if (::gethostname(mine, kName - 1) != 0) mine[0] = '?';
+    const std::string name = host_name();
+    name.copy(mine, kName - 1);
     std::vector<char> all(n * kName);
     MPI_CHECK(MPI_Allgather(mine, kName, MPI_CHAR, all.data(), kName, MPI_CHAR, side_->comm));
     for (size_t r = 0; r < n; ++r) hosts_.emplace_back(all.data() + r * kName);

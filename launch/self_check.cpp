@@ -42,18 +42,19 @@ class Checker {
     report_.checks.push_back({std::move(name), counts.data<int32_t>()[0], counts.data<int32_t>()[1]});
   }
 
+  static constexpr int64_t kElements = 7;  // odd, so nothing lines up by accident
+
   void run_dtype(DType dtype) {
+    run_reductions(dtype);
+    run_moves(dtype);
+  }
+
+  // reduce_scatter and all_reduce, with every op they take for `dtype`.
+  void run_reductions(DType dtype) {
     const int p = group_.size();
     const int r = group_.rank();
     const std::string dt(dtype_name(dtype));
-    const int64_t n = 7;  // odd, so nothing lines up by accident
-
-    {  // all_gather: out[q*n + i] = q * 10 + i
-      Tensor in = make(n, dtype, [&](int64_t i) { return r * 10 + i; });
-      Tensor out = Tensor::zeros({p * n}, dtype);
-      group_.all_gather(out, in).wait();
-      record("all_gather " + dt, count_wrong(out, [&](int64_t j) { return (j / n) * 10 + j % n; }), out.numel());
-    }
+    const int64_t n = kElements;
     {  // reduce_scatter SUM/AVG: in[j] = r + j % 5 (AVG is refused for I32: integer division would truncate)
       const std::vector<ReduceOp> ops = dtype == DType::I32 ? std::vector<ReduceOp>{ReduceOp::Sum}
                                                             : std::vector<ReduceOp>{ReduceOp::Sum, ReduceOp::Avg};
@@ -86,6 +87,20 @@ class Checker {
                            return op == ReduceOp::Sum ? s : m;
                          }),
              t.numel());
+    }
+  }
+
+  // all_gather, broadcast and all_to_allv: data moved, not combined.
+  void run_moves(DType dtype) {
+    const int p = group_.size();
+    const int r = group_.rank();
+    const std::string dt(dtype_name(dtype));
+    const int64_t n = kElements;
+    {  // all_gather: out[q*n + i] = q * 10 + i
+      Tensor in = make(n, dtype, [&](int64_t i) { return r * 10 + i; });
+      Tensor out = Tensor::zeros({p * n}, dtype);
+      group_.all_gather(out, in).wait();
+      record("all_gather " + dt, count_wrong(out, [&](int64_t j) { return (j / n) * 10 + j % n; }), out.numel());
     }
     {  // broadcast from the last rank
       const int root = p - 1;
