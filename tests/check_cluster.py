@@ -433,18 +433,22 @@ def check_failures_inside(name, trainer, tmp):
     victims = host_trainers(name, "h2", trainer)
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()  # printed, not asserted: how long the job took to end
     code, out = finish(job, seen)
     said = [ln for ln in out.splitlines() if ln.startswith("launch: rank") and "on host h2" in ln]
-    print(f"failures: SIGKILL of h2's {len(victims)} ranks: exit {code}; " + (said[0] if said else "no launch line"))
+    print(f"failures: SIGKILL of h2's {len(victims)} ranks: exit {code} after {time.monotonic() - start:.0f} s; " +
+          (said[0] if said else "no launch line"))
     if len(victims) != 2 or code == 0 or len(said) != 1:
         sys.stderr.write(out[-3000:])
         fail("expected exit non-zero and one 'launch: rank ...' line naming host h2")
 
     job, seen = start_launch(name, trainer, "--steps", "400", "--set", "comm.timeout_s=10")
     cluster("link", "h2", "down", name=name)
+    start = time.monotonic()
     code, out = finish(job, seen)
     said = [ln for ln in out.splitlines() if ln.startswith("launch: rank")]
-    print(f"failures: h2's link down: exit {code}; " + (said[0] if said else "no launch line"))
+    print(f"failures: h2's link down: exit {code} after {time.monotonic() - start:.0f} s; " +
+          (said[0] if said else "no launch line"))
     if code == 0 or len(said) != 1 or "host h2 (ranks 2, 3) has gone silent" not in said[0]:
         sys.stderr.write(out[-3000:])
         fail("expected exit non-zero and one 'launch: rank ...' line saying host h2 (ranks 2, 3) has gone silent")
