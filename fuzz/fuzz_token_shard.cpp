@@ -1,4 +1,4 @@
-// Fuzzes the tokens reader (launch/data.h, data.kind tokens): llm.c shard
+// Fuzzes the tokens reader (dataset/dataset.h, data.kind tokens): llm.c shard
 // headers (magic, version, token count) and headerless token files. The
 // input is one file, read as data.token_dtype uint16 and uint32; whatever opens
 // must serve its first and last samples and its vocabulary scan.
@@ -8,9 +8,9 @@
 #include <string>
 #include <string_view>
 
+#include "dataset/dataset.h"
 #include "fuzz/fuzz_util.h"
 #include "launch/config.h"
-#include "launch/data.h"
 
 namespace {
 
@@ -31,7 +31,7 @@ data: {kind: tokens}
 }
 
 void read_all(const Config& config) {
-  const std::unique_ptr<launch::Dataset> ds = launch::make_dataset(config);
+  const std::unique_ptr<dataset::Dataset> ds = dataset::make_dataset(dataset_spec(config));
   (void)ds->describe();
   (void)ds->find_bad_token(0, 1);
   (void)ds->find_bad_token(1, 3);

@@ -9,11 +9,6 @@ namespace {
 
 constexpr Named<DeviceKind> kDeviceNames[] = {
     {DeviceKind::Cpu, "cpu"}, {DeviceKind::Cuda, "cuda"}, {DeviceKind::Auto, "auto"}};
-constexpr Named<DataKind> kDataNames[] = {
-    {DataKind::Synthetic, "synthetic"}, {DataKind::Text, "text"}, {DataKind::Tokens, "tokens"}};
-constexpr Named<TokenDType> kTokenDTypeNames[] = {{TokenDType::U16, "uint16"}, {TokenDType::U32, "uint32"}};
-constexpr Named<TokenFormat> kTokenFormatNames[] = {{TokenFormat::Llmc, "llmc"},
-                                                    {TokenFormat::Headerless, "headerless"}};
 constexpr std::string_view kLogLevels[] = {"debug", "info", "warn", "error"};
 
 void visit_train(TrainConfig& t, const KeyVisitor& v) {
@@ -24,26 +19,6 @@ void visit_train(TrainConfig& t, const KeyVisitor& v) {
   v({"seed", "seeds init, data order and synthetic data"}, t.seed);
   v({"device", "cpu | cuda | auto (cuda when a GPU is visible)"}, t.device);
   v({"threads", "CPU threads per rank; 0 = the cores this rank may use"}, t.threads);
-}
-
-void visit_data(DataConfig& d, const KeyVisitor& v) {
-  v({"kind",
-     "synthetic (seeded learnable Markov-chain tokens) | text (UTF-8: bytes, or data.tokenizer's tokens) | tokens "
-     "(uint16/uint32 .bin)"},
-    d.kind);
-  v({"path", "file or directory for text/tokens; unused for synthetic"}, d.path);
-  v({"token_format",
-     "tokens files: llmc (each an llm.c shard, header checked) | headerless (raw tokens of data.token_dtype)"},
-    d.token_format);
-  v({"token_dtype", "token width of headerless tokens files (llm.c shards give their own)"}, d.token_dtype);
-  v({"tokenizer",
-     "SentencePiece tokenizer.model (text/tokens): encodes data.kind text instead of bytes; its vocabulary must "
-     "equal model.vocab_size; checkpoints hold a copy"},
-    d.tokenizer);
-  v({"val_path", "validation data for text/tokens, a file or directory of data.path's format; empty = none"},
-    d.val_path);
-  v({"val_fraction", "text/tokens without val_path: hold out this last fraction of data.path's samples for validation"},
-    d.val_fraction);
 }
 
 void visit_eval(EvalConfig& e, const KeyVisitor& v) {
@@ -81,14 +56,15 @@ Schema schema_of(Config& c) {
 }  // namespace
 
 std::span<const Named<DeviceKind>> names_of(DeviceKind) { return kDeviceNames; }
-std::span<const Named<DataKind>> names_of(DataKind) { return kDataNames; }
-std::span<const Named<TokenDType>> names_of(TokenDType) { return kTokenDTypeNames; }
-std::span<const Named<TokenFormat>> names_of(TokenFormat) { return kTokenFormatNames; }
+
+DatasetSpec dataset_spec(const Config& config) {
+  return {config.data, config.model.name, config.model.vocab_size, config.train.seq_len, config.train.seed};
+}
 
 void visit_keys(Config& c, const KeyVisitor& v) {
   visit_keys(c.model, in_section("model", v));
   visit_train(c.train, in_section("train", v));
-  visit_data(c.data, in_section("data", v));
+  visit_keys(c.data, in_section("data", v));
   visit_eval(c.eval, in_section("eval", v));
   visit_keys(c.optim, in_section("optim", v));
   visit_keys(c.fsdp, in_section("fsdp", v));
@@ -105,22 +81,6 @@ void TrainConfig::validate() const {
   require(global_batch_size % micro_batch_size == 0, "train.micro_batch_size", micro_batch_size,
           format("a divisor of train.global_batch_size ({})", global_batch_size));
   require(seq_len > 0, "train.seq_len", seq_len, "a positive integer");
-}
-
-void DataConfig::validate() const {
-  require(kind == DataKind::Synthetic || !path.empty(), "data.path", path,
-          format("a file or directory (required when data.kind is {})", to_string(kind)));
-  require(tokenizer.empty() || kind != DataKind::Synthetic, "data.tokenizer", tokenizer,
-          "empty with data.kind synthetic (a tokenizer is for data.kind text or tokens)");
-  // Synthetic data has validation samples of its own (launch/data.h), so neither key means anything there.
-  require(kind != DataKind::Synthetic || val_path.empty(), "data.val_path", val_path,
-          "\"\" for data.kind synthetic, which validates on generated samples that training never sees");
-  require(kind != DataKind::Synthetic || val_fraction == 0, "data.val_fraction", val_fraction,
-          "0 for data.kind synthetic, which validates on generated samples that training never sees");
-  require(val_fraction >= 0 && val_fraction < 1, "data.val_fraction", val_fraction,
-          "a fraction in [0, 1) (0: no held-out split)");
-  require(val_path.empty() || val_fraction == 0, "data.val_fraction", val_fraction,
-          format("0 when data.val_path is set ('{}'): validation data comes from one of the two", val_path));
 }
 
 void EvalConfig::validate() const {

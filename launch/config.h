@@ -1,9 +1,9 @@
 #pragma once
 // The whole run configuration (configs/*.yaml): one section per layer, each
 // owned by its layer (model.* models/config.h, optim.* optim/config.h, fsdp.*
-// fsdp/config.h, checkpoint.* checkpoint/config.h), plus the sections the
-// launcher itself owns, declared here: train.*, data.*, eval.*, comm.* and
-// logging.*.
+// fsdp/config.h, checkpoint.* checkpoint/config.h, data.* dataset/config.h),
+// plus the sections the launcher itself owns, declared here: train.*, eval.*,
+// comm.* and logging.*.
 //
 // The YAML keys are the field names, nested by section
 // ("fsdp.mixed_precision.param_dtype"). Loading is strict (core/config.h); `--set
@@ -21,6 +21,7 @@
 
 #include "checkpoint/config.h"
 #include "core/config.h"
+#include "dataset/config.h"
 #include "fsdp/config.h"
 #include "models/config.h"
 #include "optim/config.h"
@@ -28,16 +29,9 @@
 namespace st {
 
 enum class DeviceKind : uint8_t { Cpu, Cuda, Auto };
-enum class DataKind : uint8_t { Synthetic, Text, Tokens };
-enum class TokenDType : uint8_t { U16, U32 };
-enum class TokenFormat : uint8_t { Llmc, Headerless };
 
-/// YAML spellings: "cpu" | "cuda" | "auto"; "synthetic" | "text" | "tokens"; "uint16" | "uint32"; "llmc" |
-/// "headerless".
+/// YAML spellings: "cpu" | "cuda" | "auto".
 std::span<const Named<DeviceKind>> names_of(DeviceKind);
-std::span<const Named<DataKind>> names_of(DataKind);
-std::span<const Named<TokenDType>> names_of(TokenDType);
-std::span<const Named<TokenFormat>> names_of(TokenFormat);
 
 // clang-format off
 struct TrainConfig {
@@ -52,19 +46,6 @@ struct TrainConfig {
   /// Throws st::Error naming the key (checks that need the world size are the trainer's, at start-up).
   void validate() const;
   bool operator==(const TrainConfig&) const = default;
-};
-
-struct DataConfig {
-  DataKind kind = DataKind::Synthetic;  // synthetic (seeded learnable Markov-chain tokens) | text (UTF-8: bytes, or data.tokenizer's tokens) | tokens (uint16/uint32 .bin)
-  std::string path;                     // file or directory for text/tokens; unused for synthetic
-  TokenFormat token_format = TokenFormat::Llmc;  // tokens files: llmc (each an llm.c shard, header checked) | headerless (raw tokens of data.token_dtype)
-  TokenDType token_dtype = TokenDType::U16;  // token width of headerless tokens files (llm.c shards give their own)
-  std::string tokenizer;                // SentencePiece tokenizer.model (text/tokens): encodes data.kind text instead of bytes; its vocabulary must equal model.vocab_size; checkpoints hold a copy
-  std::string val_path;                 // validation data for text/tokens, a file or directory of data.path's format; empty = none
-  double val_fraction = 0;              // text/tokens without val_path: hold out this last fraction of data.path's samples for validation
-
-  void validate() const;
-  bool operator==(const DataConfig&) const = default;
 };
 
 // Validation data: data.val_path, data.val_fraction, or for synthetic data
@@ -121,6 +102,10 @@ struct Config {
 
 /// Every key of every section, with its full dotted name, in to_yaml() order.
 void visit_keys(Config& c, const KeyVisitor& v);
+
+/// What the dataset library needs of `config` (data.*, model.name and
+/// vocab_size, train.seq_len and seed).
+DatasetSpec dataset_spec(const Config& config);
 
 /// Every key, for help text and the README reference.
 std::vector<ConfigKeyDoc> config_keys();

@@ -8,7 +8,7 @@
 #include "core/format.h"
 #include "core/profile.h"
 #include "core/watchdog.h"
-#include "launch/train.h"
+#include "launch/trainer.h"
 
 namespace st::launch {
 
@@ -52,8 +52,8 @@ std::vector<int64_t> validation_batch_indices(int64_t batch, int64_t global_batc
   return out;
 }
 
-Evaluator::Evaluator(const Config& config, const Dataset& val, const models::Model& model, fsdp::ShardedModel& sharded,
-                     ProcessGroup& world, Device device)
+Evaluator::Evaluator(const Config& config, const dataset::Dataset& val, const models::Model& model,
+                     fsdp::ShardedModel& sharded, ProcessGroup& world, Device device)
     : val_(val),
       sharded_(sharded),
       world_(world),
@@ -89,9 +89,9 @@ ValidationLoss Evaluator::run() {
   for (int64_t b = 0; b < batches_; ++b) {
     const std::vector<int64_t> indices = validation_batch_indices(b, global_batch_, world_.rank(), world_.size());
     for (int64_t m = 0; m < accum_; ++m) {
-      load_batch(val_,
-                 std::span(indices).subspan(static_cast<size_t>(m * micro_batch_), static_cast<size_t>(micro_batch_)),
-                 input_, target_);
+      dataset::load_batch(
+          val_, std::span(indices).subspan(static_cast<size_t>(m * micro_batch_), static_cast<size_t>(micro_batch_)),
+          input_, target_);
       if (device_.is_cuda()) {
         device_input_.copy_from(input_);
         device_target_.copy_from(target_);
@@ -115,7 +115,7 @@ ops::LossSum Evaluator::forward_loss(double& forward_seconds) {
   // the output, which nothing reads again (there is no backward).
   if (loss_kind_ == models::LossKind::CrossEntropy) {
     Tensor logits = out.view({-1, out.size(-1)});
-    return ops::cross_entropy(logits, device_target_.view({-1}), kIgnoreIndex, 0.0f, logits);
+    return ops::cross_entropy(logits, device_target_.view({-1}), dataset::kIgnoreIndex, 0.0f, logits);
   }
   return ops::mse(out, device_target_, 0.0f, out);
 }
@@ -141,7 +141,7 @@ ValidationLoss Evaluator::reduce(const std::vector<ops::LossSum>& mine) {
     }
   }
   ST_CHECK(v.count > 0, "the first {} validation batches have no target that counts (all are ignore_index {})",
-           batches_, kIgnoreIndex);
+           batches_, dataset::kIgnoreIndex);
   v.loss = sum / static_cast<double>(v.count);
   v.samples = batches_ * global_batch_;
   return v;

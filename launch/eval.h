@@ -24,9 +24,9 @@
 #include "core/comm.h"
 #include "core/ops.h"
 #include "core/tensor.h"
+#include "dataset/dataset.h"
 #include "fsdp/fsdp.h"
 #include "launch/config.h"
-#include "launch/data.h"
 #include "models/model.h"
 
 namespace st::launch {
@@ -56,7 +56,7 @@ class Evaluator {
   /// An error naming eval.batches and train.global_batch_size unless `val`
   /// holds eval.batches global batches. Sizes one micro-batch's buffers once
   /// (host, and `device` for a GPU model). `model` is the module `sharded` wraps.
-  Evaluator(const Config& config, const Dataset& val, const models::Model& model, fsdp::ShardedModel& sharded,
+  Evaluator(const Config& config, const dataset::Dataset& val, const models::Model& model, fsdp::ShardedModel& sharded,
             ProcessGroup& world, Device device = Device::cpu());
 
   /// The validation loss of the current weights. In a profiled step its time,
@@ -72,7 +72,7 @@ class Evaluator {
   // The mean over all ranks' micro-batches (batches_ x accum_ each, in order).
   ValidationLoss reduce(const std::vector<ops::LossSum>& mine);
 
-  const Dataset& val_;
+  const dataset::Dataset& val_;
   fsdp::ShardedModel& sharded_;
   ProcessGroup& world_;
   Device device_;

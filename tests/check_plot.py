@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_training import ROOT, expect, fail, mpirun, run, sets  # noqa: E402
 
 TINY = "configs/llama-tiny.yaml"
-# The first two colours of launch/plot_svg.cpp's palette, in drawing order.
+# The first two colours of metrics/plot_svg.cpp's palette, in drawing order.
 COLOURS = {"uninterrupted": (0x1F, 0x77, 0xB4), "resumed": (0xD6, 0x27, 0x28)}
 # Anti-aliasing blends a line's edge with the white behind it; a pixel within
 # this distance (per channel) of a colour counts as that colour.

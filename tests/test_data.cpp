@@ -19,11 +19,21 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/tensor.h"
+#include "dataset/dataset.h"
 #include "launch/config.h"
-#include "launch/data.h"
 #include "models/toy.h"
 
-namespace st::launch {
+namespace st::dataset {
+namespace {
+// The tests describe runs by their whole configuration, as the trainer does.
+[[maybe_unused]] std::unique_ptr<Dataset> make_dataset(const Config& c) { return dataset::make_dataset(dataset_spec(c)); }
+[[maybe_unused]] std::unique_ptr<Dataset> make_validation_dataset(const Config& c) {
+  return dataset::make_validation_dataset(dataset_spec(c));
+}
+[[maybe_unused]] std::optional<Tokenizer> load_data_tokenizer(const Config& c) {
+  return dataset::load_data_tokenizer(dataset_spec(c));
+}
+}  // namespace
 namespace {
 
 namespace fs = std::filesystem;
@@ -691,4 +701,4 @@ TEST(LoadBatch, Errors) {
 }
 
 }  // namespace
-}  // namespace st::launch
+}  // namespace st::dataset

@@ -24,9 +24,9 @@
 #include "core/allocator.h"
 #include "core/comm.h"
 #include "core/ops.h"
+#include "dataset/dataset.h"
 #include "fsdp/fsdp.h"
 #include "launch/config.h"
-#include "launch/data.h"
 #include "launch/eval.h"
 #include "models/model.h"
 #include "tests/mpi_env.h"
@@ -54,7 +54,7 @@ Config tiny_config() {
 /// The validation loss of `params` (full F32 weights by FQN) computed as the
 /// file comment says: a plain model in param_dtype, micro-batch by micro-batch.
 double reference_loss(const Config& c, const std::vector<std::pair<std::string, std::vector<float>>>& params,
-                      const Dataset& val) {
+                      const dataset::Dataset& val) {
   std::unique_ptr<models::Model> model = models::build_model(c.model);
   models::allocate_parameters(*model, c.fsdp.mixed_precision.param_dtype);
   for (auto& [fqn, p] : model->named_parameters()) {
@@ -73,7 +73,7 @@ double reference_loss(const Config& c, const std::vector<std::pair<std::string, 
     load_batch(val, indices, in, tgt);
     Tensor out = model->forward(in);
     Tensor logits = out.view({-1, out.size(-1)});
-    const ops::LossSum loss = ops::cross_entropy(logits, tgt.view({-1}), kIgnoreIndex, 0.0f, logits);
+    const ops::LossSum loss = ops::cross_entropy(logits, tgt.view({-1}), dataset::kIgnoreIndex, 0.0f, logits);
     sum += loss.sum;
     count += loss.count;
   }
@@ -126,7 +126,7 @@ TEST(Evaluator, LossIsTheMeanOfThePlainForwardLossesOnEveryRank) {
   for (const Config& c : variants(world.size())) {
     Harness h(c, world);
     for (int s = 0; s < kTrainSteps; ++s) h.step();
-    const std::unique_ptr<Dataset> val = make_validation_dataset(c);
+    const std::unique_ptr<dataset::Dataset> val = dataset::make_validation_dataset(dataset_spec(c));
     Evaluator evaluator(c, *val, h.model(), h.sharded(), world);
     const ValidationLoss got = evaluator.run();
     const double want = reference_loss(c, h.sharded().full_parameters(), *val);
@@ -150,7 +150,7 @@ TEST(Evaluator, LeavesNothingGatheredOrSaved) {
   for (const Config& c : variants(world.size())) {
     Harness h(c, world);
     h.step();
-    const std::unique_ptr<Dataset> val = make_validation_dataset(c);
+    const std::unique_ptr<dataset::Dataset> val = dataset::make_validation_dataset(dataset_spec(c));
     Evaluator evaluator(c, *val, h.model(), h.sharded(), world);
     h.sharded().release();
     const int64_t before = cpu_allocator().stats().current_bytes;
@@ -164,7 +164,7 @@ TEST(Evaluator, DoesNotChangeTraining) {
   ProcessGroup& world = test::world();
   for (const Config& c : variants(world.size())) {
     Harness plain(c, world), evaluated(c, world);
-    const std::unique_ptr<Dataset> val = make_validation_dataset(c);
+    const std::unique_ptr<dataset::Dataset> val = dataset::make_validation_dataset(dataset_spec(c));
     Evaluator evaluator(c, *val, evaluated.model(), evaluated.sharded(), world);
     for (int s = 0; s < 3; ++s) {
       const double a = plain.step();
@@ -184,7 +184,7 @@ TEST(Evaluator, TooFewValidationSamplesIsAnErrorNamingTheKeys) {
   c.data.val_fraction = 0.05;
   c.eval.batches = 10;  // 120 samples; 55 are held out
   Harness h(c, world);
-  const std::unique_ptr<Dataset> val = make_validation_dataset(c);
+  const std::unique_ptr<dataset::Dataset> val = dataset::make_validation_dataset(dataset_spec(c));
   ASSERT_NE(val, nullptr);
   const std::string msg = test::error_of([&] { Evaluator e(c, *val, h.model(), h.sharded(), world); });
   EXPECT_NE(msg.find("the validation data has 55 samples, fewer than eval.batches 10 x train.global_batch_size 12 = "

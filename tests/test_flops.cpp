@@ -1,5 +1,5 @@
 // The model table's FLOP counts (models/model.h): parameter counts against
-// the models as built, FLOPs per token against a hand count; launch/flops.h:
+// the models as built, FLOPs per token against a hand count; metrics/flops.h:
 // the GPU peak table and MFU; and (when CTest's
 // flops_peer_python sets ST_FLOPS_PEER_JSON) the PyTorch peer's counts of
 // the same config, which must agree exactly.
@@ -13,12 +13,12 @@
 #include <gtest/gtest.h>
 
 #include "launch/config.h"
-#include "launch/flops.h"
+#include "metrics/flops.h"
 #include "models/layers.h"
 #include "models/model.h"
 #include "test_util.h"
 
-namespace st::launch {
+namespace st::metrics {
 namespace {
 
 using models::model_flops;
@@ -204,4 +204,4 @@ TEST(FlopsPeer, TorchCountsAgree) {
 }
 
 }  // namespace
-}  // namespace st::launch
+}  // namespace st::metrics

@@ -12,11 +12,11 @@
 
 #include <gtest/gtest.h>
 
-#include "launch/metrics.h"
-#include "launch/plot_svg.h"
+#include "metrics/metrics.h"
+#include "metrics/plot_svg.h"
 #include "tests/test_util.h"
 
-namespace st::launch {
+namespace st::metrics {
 namespace {
 
 using st::test::error_of;
@@ -276,4 +276,4 @@ TEST(PlotSvg, LongRunsStaySmall) {
 }
 
 }  // namespace
-}  // namespace st::launch
+}  // namespace st::metrics

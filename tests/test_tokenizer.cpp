@@ -1,4 +1,4 @@
-// Tokenizers (launch/tokenizer.h): the byte-level stand-in; a SentencePiece
+// Tokenizers (dataset/tokenizer.h): the byte-level stand-in; a SentencePiece
 // model trained here with prepare's settings on English text (the fortunes
 // package's files, as in the tutorial) must round-trip it exactly, encode a
 // text cut at line ends like the whole, and stream through decode_piece; a
@@ -20,12 +20,22 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/tensor.h"
+#include "dataset/dataset.h"
+#include "dataset/tokenizer.h"
 #include "launch/config.h"
-#include "launch/data.h"
-#include "launch/tokenizer.h"
 #include "tests/test_util.h"
 
-namespace st::launch {
+namespace st::dataset {
+namespace {
+// The tests describe runs by their whole configuration, as the trainer does.
+[[maybe_unused]] std::unique_ptr<Dataset> make_dataset(const Config& c) { return dataset::make_dataset(dataset_spec(c)); }
+[[maybe_unused]] std::unique_ptr<Dataset> make_validation_dataset(const Config& c) {
+  return dataset::make_validation_dataset(dataset_spec(c));
+}
+[[maybe_unused]] std::optional<Tokenizer> load_data_tokenizer(const Config& c) {
+  return dataset::load_data_tokenizer(dataset_spec(c));
+}
+}  // namespace
 namespace {
 
 namespace fs = std::filesystem;
@@ -393,4 +403,4 @@ TEST_F(Trained, TextDatasetTilesTheEncodedDocument) {
 }
 
 }  // namespace
-}  // namespace st::launch
+}  // namespace st::dataset

@@ -1,5 +1,5 @@
 #pragma once
-// The training loop of launch/train.cpp, step by step, for multi-rank tests
+// The training loop of launch/trainer.cpp, step by step, for multi-rank tests
 // that look between its phases (gradients before the optimizer step, the
 // weights an evaluation sees).
 #include <cmath>
@@ -10,16 +10,16 @@
 #include "core/comm.h"
 #include "core/log.h"
 #include "core/ops.h"
+#include "dataset/dataset.h"
 #include "fsdp/fsdp.h"
 #include "launch/config.h"
-#include "launch/data.h"
-#include "launch/train.h"
+#include "launch/trainer.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 
 namespace st::test {
 
-/// The training loop of launch/train.cpp (token models), step by step.
+/// The training loop of launch/trainer.cpp (token models), step by step.
 class Harness {
  public:
   Harness(const Config& config, ProcessGroup& group)
@@ -31,7 +31,7 @@ class Harness {
     sharded_ = std::make_unique<fsdp::ShardedModel>(*model_, config.fsdp, group, 1, config.train.seed, log_);
     optimizer_ = optim::make_optimizer(config.optim);
     for (const optim::Segment& s : sharded_->segments()) optimizer_->add_segment(s);
-    dataset_ = launch::make_dataset(config);
+    dataset_ = dataset::make_dataset(dataset_spec(config));
     const TrainConfig& tc = config.train;
     accum_ = launch::accumulation_steps(tc, group.size());
     for (int64_t m = 0; m < accum_; ++m) {
@@ -44,13 +44,13 @@ class Harness {
   /// returns the mean loss over the global batch.
   double forward_backward() {
     const TrainConfig& tc = config_.train;
-    std::vector<int64_t> mine = launch::rank_batch_indices(tc.seed, dataset_->size(), consumed_, tc.global_batch_size,
-                                                           group_.rank(), group_.size());
+    std::vector<int64_t> mine = dataset::rank_batch_indices(tc.seed, dataset_->size(), consumed_, tc.global_batch_size,
+                                                            group_.rank(), group_.size());
     int64_t local_count = 0;
     for (int64_t m = 0; m < accum_; ++m) {
       std::span<const int64_t> idx(mine.data() + m * tc.micro_batch_size, static_cast<size_t>(tc.micro_batch_size));
-      launch::load_batch(*dataset_, idx, inputs_[static_cast<size_t>(m)], targets_[static_cast<size_t>(m)]);
-      for (int32_t t : targets_[static_cast<size_t>(m)].span<int32_t>()) local_count += t != launch::kIgnoreIndex;
+      dataset::load_batch(*dataset_, idx, inputs_[static_cast<size_t>(m)], targets_[static_cast<size_t>(m)]);
+      for (int32_t t : targets_[static_cast<size_t>(m)].span<int32_t>()) local_count += t != dataset::kIgnoreIndex;
     }
     Tensor count_t = Tensor::from_vector(std::vector<int32_t>{static_cast<int32_t>(local_count)}, {1});
     group_.all_reduce(count_t).wait();
@@ -61,7 +61,7 @@ class Harness {
     for (int64_t m = 0; m < accum_; ++m) {
       Tensor out = sharded_->forward(inputs_[static_cast<size_t>(m)]);
       Tensor logits = out.view({-1, out.size(-1)});  // the gradient overwrites the logits
-      ops::LossSum loss = ops::cross_entropy(logits, targets_[static_cast<size_t>(m)].view({-1}), launch::kIgnoreIndex,
+      ops::LossSum loss = ops::cross_entropy(logits, targets_[static_cast<size_t>(m)].view({-1}), dataset::kIgnoreIndex,
                                              1.0f / static_cast<float>(count), logits);
       sharded_->backward(out);
       local_sum += loss.sum;
@@ -107,7 +107,7 @@ class Harness {
   std::unique_ptr<models::Model> model_;  // outlives sharded_, which un-hooks it
   std::unique_ptr<fsdp::ShardedModel> sharded_;
   std::unique_ptr<optim::Optimizer> optimizer_;
-  std::unique_ptr<launch::Dataset> dataset_;
+  std::unique_ptr<dataset::Dataset> dataset_;
   int64_t accum_ = 0;
   std::vector<Tensor> inputs_, targets_;
   int64_t consumed_ = 0;

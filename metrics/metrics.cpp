@@ -1,4 +1,4 @@
-#include "launch/metrics.h"
+#include "metrics/metrics.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "core/format.h"
 
-namespace st::launch {
+namespace st::metrics {
 
 namespace {
 std::string seconds_str(double s) {
@@ -193,4 +193,4 @@ MetricsLog read_metrics_file(const std::string& path) {
   return parse_metrics(text, path);
 }
 
-}  // namespace st::launch
+}  // namespace st::metrics

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "launch/config.h"
-#include "launch/tokenizer.h"
+#include "dataset/config.h"
+#include "dataset/tokenizer.h"
 
-namespace st::launch {
+namespace st::dataset {
 
 class Dataset {
  public:
@@ -97,11 +97,11 @@ ToyTeacher toy_teacher(uint64_t seed);
 /// toy (model.name toy): inputs uniform in [0, 1), targets from toy_teacher(seed).
 /// With data.val_fraction f > 0 the training set is the first samples of
 /// data.path, all but the last ceil(f x samples), which make_validation_dataset() holds out.
-std::unique_ptr<Dataset> make_dataset(const Config& config);
+std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec);
 
 /// data.tokenizer loaded, or nullopt when it is empty. A vocabulary that
 /// differs from model.vocab_size is an error naming the file and both sizes.
-std::optional<Tokenizer> load_data_tokenizer(const Config& config);
+std::optional<Tokenizer> load_data_tokenizer(const DatasetSpec& spec);
 
 /// The validation set, or nullptr when there is none:
 /// data.val_path: that file or directory, read like data.path (same data.kind
@@ -110,7 +110,7 @@ std::optional<Tokenizer> load_data_tokenizer(const Config& config);
 /// synthetic: walks kSyntheticSamples .. 2 x kSyntheticSamples - 1 of the same
 ///   chain (training uses walks below kSyntheticSamples);
 /// toy: draws kToySamples .. 2 x kToySamples - 1 of the same features and teacher.
-std::unique_ptr<Dataset> make_validation_dataset(const Config& config);
+std::unique_ptr<Dataset> make_validation_dataset(const DatasetSpec& spec);
 
 /// Sample indices (into the dataset) of the `count` samples at positions
 /// [first, first + count) of the infinite stream: epoch e = position / size
@@ -125,4 +125,4 @@ std::vector<int64_t> rank_batch_indices(uint64_t seed, int64_t dataset_size, int
 /// Fills inputs [B, ...] and targets [B, ...] with the samples `indices` (B = indices.size()).
 void load_batch(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs, const Tensor& targets);
 
-}  // namespace st::launch
+}  // namespace st::dataset

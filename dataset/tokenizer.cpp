@@ -1,4 +1,4 @@
-#include "launch/tokenizer.h"
+#include "dataset/tokenizer.h"
 
 #include <cerrno>
 #include <cstring>
@@ -15,7 +15,7 @@
 #include "core/format.h"
 #include "core/tasks.h"
 
-namespace st::launch {
+namespace st::dataset {
 
 namespace {
 
@@ -476,4 +476,4 @@ std::string train_tokenizer(const TokenizerTraining& o, const std::function<bool
   return model;
 }
 
-}  // namespace st::launch
+}  // namespace st::dataset

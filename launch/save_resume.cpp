@@ -1,4 +1,4 @@
-#include "launch/checkpointing.h"
+#include "launch/save_resume.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -14,8 +14,8 @@
 #include "checkpoint/fs.h"
 #include "checkpoint/node_local.h"
 #include "core/error.h"
-#include "launch/data.h"
-#include "launch/tokenizer.h"
+#include "dataset/dataset.h"
+#include "dataset/tokenizer.h"
 #include "models/hf_config.h"
 #include "models/model.h"
 
@@ -61,12 +61,12 @@ checkpoint::TrainerState trainer_state_of(const Config& config, int64_t step, in
 // data.tokenizer as Hugging Face keeps it beside a LLaMA model: the model
 // file itself and the LlamaTokenizer settings (none without data.tokenizer).
 std::vector<checkpoint::ExtraFile> tokenizer_files(const Config& config) {
-  const std::optional<Tokenizer> tokenizer = load_data_tokenizer(config);
+  const std::optional<dataset::Tokenizer> tokenizer = dataset::load_data_tokenizer(dataset_spec(config));
   if (!tokenizer) return {};
-  return {
-      {std::string(kTokenizerModelName), tokenizer->model_bytes()},
-      {std::string(kTokenizerConfigName), hf_tokenizer_config_json(*tokenizer, config.model.max_position_embeddings)},
-      {std::string(kSpecialTokensMapName), hf_special_tokens_map_json(*tokenizer)}};
+  return {{std::string(dataset::kTokenizerModelName), tokenizer->model_bytes()},
+          {std::string(dataset::kTokenizerConfigName),
+           dataset::hf_tokenizer_config_json(*tokenizer, config.model.max_position_embeddings)},
+          {std::string(dataset::kSpecialTokensMapName), dataset::hf_special_tokens_map_json(*tokenizer)}};
 }
 
 [[noreturn]] void throw_misfit(const std::string& message) { throw checkpoint::Misfit(message, __FILE__, __LINE__); }

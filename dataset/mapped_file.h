@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <string_view>
 
-namespace st::launch {
+namespace st::dataset {
 
 class MappedFile {
  public:
@@ -27,4 +27,4 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-}  // namespace st::launch
+}  // namespace st::dataset

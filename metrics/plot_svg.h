@@ -1,6 +1,6 @@
 #pragma once
 // Training curves as one self-contained SVG 1.1 document, drawn from metrics
-// files read back by launch/metrics.h: the work of the `plot` program and of
+// files read back by metrics/metrics.h: the work of the `plot` program and of
 // the trainer's logging.plot.
 //
 // Four panels against the step, one colour per run: loss (the training loss
@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "launch/metrics.h"
+#include "metrics/metrics.h"
 
-namespace st::launch {
+namespace st::metrics {
 
 /// One run to draw: a metrics file read back and its name in the legend.
 struct PlotRun {
@@ -59,4 +59,4 @@ Axis log_axis(double lo, double hi, int max_ticks = 8);
 /// loss_scale is Log and a run has a loss <= 0 (naming the run).
 std::string render_svg(std::span<const PlotRun> runs, const PlotOptions& options = {});
 
-}  // namespace st::launch
+}  // namespace st::metrics

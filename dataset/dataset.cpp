@@ -1,4 +1,4 @@
-#include "launch/data.h"
+#include "dataset/dataset.h"
 
 #include <algorithm>
 #include <array>
@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/hash.h"
-#include "launch/mapped_file.h"
+#include "dataset/mapped_file.h"
 #include "models/toy.h"
 
 // Everything random here is a counter-based hash of (seed, domain tag,
@@ -21,7 +21,7 @@
 // sample order is computed directly from its number, so any rank can start
 // anywhere in the stream (resumption, any world size) without replaying it.
 
-namespace st::launch {
+namespace st::dataset {
 
 namespace {
 
@@ -620,16 +620,16 @@ namespace {
 
 // The toy model's features and synthetic tokens: generated, so the
 // validation part is simply the next samples of the same stream.
-bool is_generated(const Config& config) {
-  ST_CHECK(config.model.name != "toy" || config.data.kind == DataKind::Synthetic,
+bool is_generated(const DatasetSpec& spec) {
+  ST_CHECK(spec.model_name != "toy" || spec.data.kind == DataKind::Synthetic,
            "model.name toy trains on seeded random features, so data.kind must be synthetic (got {})",
-           to_string(config.data.kind));
-  return config.data.kind == DataKind::Synthetic;
+           to_string(spec.data.kind));
+  return spec.data.kind == DataKind::Synthetic;
 }
 
-void check_token_model(const Config& config) {
-  const int64_t seq_len = config.train.seq_len;
-  const int64_t vocab = config.model.vocab_size;
+void check_token_model(const DatasetSpec& spec) {
+  const int64_t seq_len = spec.seq_len;
+  const int64_t vocab = spec.vocab_size;
   ST_CHECK(seq_len > 0, "invalid value {} for 'train.seq_len': expected a positive integer", seq_len);
   // Tokens travel as I32.
   ST_CHECK(vocab > 0 && vocab <= std::numeric_limits<int32_t>::max(),
@@ -637,54 +637,54 @@ void check_token_model(const Config& config) {
            std::numeric_limits<int32_t>::max());
 }
 
-std::unique_ptr<Dataset> generated(const Config& config, Part part) {
-  const uint64_t seed = config.train.seed;
+std::unique_ptr<Dataset> generated(const DatasetSpec& spec, Part part) {
+  const uint64_t seed = spec.seed;
   const bool val = part == Part::Validation;
-  if (config.model.name == "toy") return std::make_unique<ToyDataset>(seed, val ? kToySamples : 0);
-  check_token_model(config);
-  return std::make_unique<SyntheticDataset>(seed, config.model.vocab_size, config.train.seq_len,
+  if (spec.model_name == "toy") return std::make_unique<ToyDataset>(seed, val ? kToySamples : 0);
+  check_token_model(spec);
+  return std::make_unique<SyntheticDataset>(seed, spec.vocab_size, spec.seq_len,
                                             val ? kSyntheticSamples : 0);
 }
 
 // The text or tokens at `path`, which config key `key` names.
-std::unique_ptr<Dataset> from_file(const Config& config, const std::string& path, std::string_view key) {
-  check_token_model(config);
-  const int64_t seq_len = config.train.seq_len;
-  const int64_t vocab = config.model.vocab_size;
+std::unique_ptr<Dataset> from_file(const DatasetSpec& spec, const std::string& path, std::string_view key) {
+  check_token_model(spec);
+  const int64_t seq_len = spec.seq_len;
+  const int64_t vocab = spec.vocab_size;
   // Checked against model.vocab_size before any data is read.
-  const std::optional<Tokenizer> tokenizer = load_data_tokenizer(config);
-  if (config.data.kind == DataKind::Text) {
+  const std::optional<Tokenizer> tokenizer = load_data_tokenizer(spec);
+  if (spec.data.kind == DataKind::Text) {
     if (tokenizer) return std::make_unique<EncodedTextDataset>(path, key, *tokenizer, seq_len);
     return std::make_unique<TextDataset>(path, key, vocab, seq_len);
   }
-  ST_CHECK(config.data.kind == DataKind::Tokens, "unknown data.kind {}", static_cast<int>(config.data.kind));
-  return std::make_unique<TokensDataset>(path, key, config.data.token_format, config.data.token_dtype, vocab, seq_len);
+  ST_CHECK(spec.data.kind == DataKind::Tokens, "unknown data.kind {}", static_cast<int>(spec.data.kind));
+  return std::make_unique<TokensDataset>(path, key, spec.data.token_format, spec.data.token_dtype, vocab, seq_len);
 }
 
 }  // namespace
 
-std::unique_ptr<Dataset> make_dataset(const Config& config) {
-  if (is_generated(config)) return generated(config, Part::Train);
-  std::unique_ptr<Dataset> whole = from_file(config, config.data.path, "data.path");
-  if (config.data.val_fraction == 0) return whole;
-  return std::make_unique<HeldOutSplit>(std::move(whole), config.data.val_fraction, Part::Train);
+std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec) {
+  if (is_generated(spec)) return generated(spec, Part::Train);
+  std::unique_ptr<Dataset> whole = from_file(spec, spec.data.path, "data.path");
+  if (spec.data.val_fraction == 0) return whole;
+  return std::make_unique<HeldOutSplit>(std::move(whole), spec.data.val_fraction, Part::Train);
 }
 
-std::unique_ptr<Dataset> make_validation_dataset(const Config& config) {
-  if (is_generated(config)) return generated(config, Part::Validation);
-  const DataConfig& data = config.data;
-  if (!data.val_path.empty()) return from_file(config, data.val_path, "data.val_path");
+std::unique_ptr<Dataset> make_validation_dataset(const DatasetSpec& spec) {
+  if (is_generated(spec)) return generated(spec, Part::Validation);
+  const DataConfig& data = spec.data;
+  if (!data.val_path.empty()) return from_file(spec, data.val_path, "data.val_path");
   if (data.val_fraction == 0) return nullptr;
-  return std::make_unique<HeldOutSplit>(from_file(config, data.path, "data.path"), data.val_fraction, Part::Validation);
+  return std::make_unique<HeldOutSplit>(from_file(spec, data.path, "data.path"), data.val_fraction, Part::Validation);
 }
 
-std::optional<Tokenizer> load_data_tokenizer(const Config& config) {
-  if (config.data.tokenizer.empty()) return std::nullopt;
-  Tokenizer tokenizer = Tokenizer::load(config.data.tokenizer);
-  ST_CHECK(tokenizer.vocab_size() == config.model.vocab_size,
+std::optional<Tokenizer> load_data_tokenizer(const DatasetSpec& spec) {
+  if (spec.data.tokenizer.empty()) return std::nullopt;
+  Tokenizer tokenizer = Tokenizer::load(spec.data.tokenizer);
+  ST_CHECK(tokenizer.vocab_size() == spec.vocab_size,
            "data.tokenizer '{}' has a vocabulary of {} tokens but model.vocab_size is {}; they must be equal (set "
            "model.vocab_size: {})",
-           config.data.tokenizer, tokenizer.vocab_size(), config.model.vocab_size, tokenizer.vocab_size());
+           spec.data.tokenizer, tokenizer.vocab_size(), spec.vocab_size, tokenizer.vocab_size());
   return tokenizer;
 }
 
@@ -744,4 +744,4 @@ void load_batch(const Dataset& dataset, std::span<const int64_t> indices, const 
   if (!tgt.shares_storage_with(targets)) targets.copy_from(tgt);
 }
 
-}  // namespace st::launch
+}  // namespace st::dataset

@@ -1,4 +1,4 @@
-#include "launch/mapped_file.h"
+#include "dataset/mapped_file.h"
 
 #include <cerrno>
 #include <string>
@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 
-namespace st::launch {
+namespace st::dataset {
 
 namespace {
 
@@ -48,4 +48,4 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), size_);
 }
 
-}  // namespace st::launch
+}  // namespace st::dataset

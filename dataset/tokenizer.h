@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-namespace st::launch {
+namespace st::dataset {
 
 /// Where a text handed to encode() starts. SentencePiece puts a "▁" (its
 /// space) before a document's first word, as Hugging Face's LlamaTokenizer
@@ -164,4 +164,4 @@ struct TokenizerTraining {
 /// whitespace) are refused before SentencePiece runs, naming `input`.
 std::string train_tokenizer(const TokenizerTraining& options, const std::function<bool(std::string&)>& next_line);
 
-}  // namespace st::launch
+}  // namespace st::dataset

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace st::launch {
+namespace st::metrics {
 
 struct StepMetrics {
   int64_t step = 0;  // 1-based step just completed
@@ -96,4 +96,4 @@ MetricsLog read_metrics_file(const std::string& path);
 /// The same from the file's text; `source` stands for the path in errors.
 MetricsLog parse_metrics(std::string_view text, std::string_view source);
 
-}  // namespace st::launch
+}  // namespace st::metrics

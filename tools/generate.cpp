@@ -38,8 +38,8 @@
 #include "core/cpu/parallel.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "dataset/tokenizer.h"
 #include "launch/config.h"
-#include "launch/tokenizer.h"
 #include "models/hf_config.h"
 #include "models/llama.h"
 
@@ -47,7 +47,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using st::format;
-using st::launch::Tokenizer;
+using st::dataset::Tokenizer;
 
 // ---- command line ----------------------------------------------------------------
 
@@ -278,7 +278,7 @@ std::unique_ptr<st::models::Llama> load_llama(const std::string& dir, const st::
 
 // ---- text <-> ids ------------------------------------------------------------------
 // Generation sees a tokenizer only through these function objects, built
-// from launch/tokenizer.h's Tokenizer (SentencePiece or bytes).
+// from dataset/tokenizer.h's Tokenizer (SentencePiece or bytes).
 
 /// What generate needs of a tokenizer.
 struct TextCodec {

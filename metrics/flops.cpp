@@ -1,12 +1,12 @@
 // The GPU peak table and MFU.
-#include "launch/flops.h"
+#include "metrics/flops.h"
 
 #include <array>
 #include <string_view>
 
 #include "core/error.h"
 
-namespace st::launch {
+namespace st::metrics {
 
 namespace {
 
@@ -58,4 +58,4 @@ double mfu(double tokens_per_s, double flops_per_token, double peak) {
   return tokens_per_s * flops_per_token / peak;
 }
 
-}  // namespace st::launch
+}  // namespace st::metrics

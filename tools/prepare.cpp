@@ -37,9 +37,11 @@
 #include "checkpoint/fs.h"
 #include "core/error.h"
 #include "core/format.h"
-#include "launch/data.h"
-#include "launch/mapped_file.h"
-#include "launch/tokenizer.h"
+#include "dataset/dataset.h"
+#include "dataset/encoder.h"
+#include "dataset/mapped_file.h"
+#include "dataset/shard_writer.h"
+#include "dataset/tokenizer.h"
 
 namespace {
 
@@ -48,7 +50,12 @@ using Clock = std::chrono::steady_clock;
 using st::format;
 using st::human_bytes;
 using st::with_commas;
-using st::launch::Tokenizer;
+using st::dataset::Encoded;
+using st::dataset::InputFile;
+using st::dataset::OrderedEncoder;
+using st::dataset::Piece;
+using st::dataset::ShardWriter;
+using st::dataset::Tokenizer;
 
 // ---------------------------------------------------------------------------
 // Command line.
@@ -60,9 +67,9 @@ struct PrepareArgs {
   std::string tokenizer;            // --tokenizer PATH
   bool train_tokenizer = false;     // --train-tokenizer
   int64_t vocab_size = 0;           // --vocab-size (with --train-tokenizer)
-  int64_t tokenizer_sentences = st::launch::TokenizerTraining{}.max_sentences;  // --tokenizer-sentences
-  double val_fraction = 0.05;                                                   // --val-fraction
-  int threads = 0;                                                              // --threads; 0 = the host's cores
+  int64_t tokenizer_sentences = st::dataset::TokenizerTraining{}.max_sentences;  // --tokenizer-sentences
+  double val_fraction = 0.05;                                                    // --val-fraction
+  int threads = 0;                                                               // --threads; 0 = the host's cores
   int64_t shard_tokens = 100000000;  // --shard-tokens: tokens per shard file (llm.c's size)
   bool overwrite = false;            // --overwrite
 };
@@ -165,11 +172,6 @@ PrepareArgs parse_args(const std::vector<std::string>& argv) {
 
 // ---------------------------------------------------------------------------
 // Inputs.
-
-struct InputFile {
-  fs::path path;
-  size_t bytes = 0;
-};
 
 struct Inputs {
   std::vector<InputFile> files;  // in order: INPUTs as given, each directory's files sorted by path
@@ -299,7 +301,7 @@ void prepare_output(const fs::path& out, bool overwrite, bool writes_tokenizer) 
   std::error_code ec;
   ST_CHECK(!fs::exists(out, ec) || fs::is_directory(out, ec), "--out '{}' exists and is not a directory", out.string());
   const std::vector<fs::path> shards = existing_shards(out);
-  const fs::path tokenizer = out / st::launch::kTokenizerModelName;
+  const fs::path tokenizer = out / st::dataset::kTokenizerModelName;
   const bool old_tokenizer = writes_tokenizer && fs::exists(tokenizer, ec);
   if (!overwrite) {
     ST_CHECK(shards.empty(), "--out '{}' already holds shards ('{}'{}); pass --overwrite to replace them", out.string(),
@@ -347,7 +349,7 @@ class LineReader {
 };
 
 Tokenizer train_on_inputs(const PrepareArgs& a, const Inputs& inputs, int threads, const fs::path& model_path) {
-  st::launch::TokenizerTraining options;
+  st::dataset::TokenizerTraining options;
   options.vocab_size = a.vocab_size;
   options.max_sentences = a.tokenizer_sentences;
   options.threads = threads;
@@ -359,7 +361,7 @@ Tokenizer train_on_inputs(const PrepareArgs& a, const Inputs& inputs, int thread
                human_bytes(static_cast<int64_t>(inputs.bytes)).c_str());
   const auto start = Clock::now();
   LineReader lines(inputs.files);
-  const std::string model = st::launch::train_tokenizer(options, [&](std::string& line) { return lines.next(line); });
+  const std::string model = st::dataset::train_tokenizer(options, [&](std::string& line) { return lines.next(line); });
   st::checkpoint::write_file_atomic(model_path, model);
   std::fprintf(stderr, "prepare: tokenizer trained in %.1f s: %s\n",
                std::chrono::duration<double>(Clock::now() - start).count(), model_path.string().c_str());
@@ -374,103 +376,13 @@ bool same_file(const std::string& given, const fs::path& model_path) {
 
 // The tokenizer to encode with: trained into DIR, or --tokenizer (copied into DIR), or bytes.
 Tokenizer obtain_tokenizer(const PrepareArgs& a, const Inputs& inputs, int threads) {
-  const fs::path model_path = fs::path(a.out) / st::launch::kTokenizerModelName;
+  const fs::path model_path = fs::path(a.out) / st::dataset::kTokenizerModelName;
   if (a.train_tokenizer) return train_on_inputs(a, inputs, threads, model_path);
   if (a.tokenizer.empty()) return Tokenizer::bytes();
   Tokenizer tokenizer = Tokenizer::load(a.tokenizer);
   if (!same_file(a.tokenizer, model_path)) st::checkpoint::write_file_atomic(model_path, tokenizer.model_bytes());
   return tokenizer;
 }
-
-// ---------------------------------------------------------------------------
-// Shards.
-
-// Writes one split's llm.c shards, DIR/<split>/<split>_NNNNNN.bin, each of at
-// most `shard_tokens` tokens. A shard is written as <name>.tmp and renamed
-// once complete, so a *.bin file is always whole. Errors name the file and
-// the system's reason (st::checkpoint's file primitives).
-class ShardWriter {
- public:
-  ShardWriter(fs::path dir, std::string split, int64_t shard_tokens, int width)
-      : dir_(std::move(dir)), split_(std::move(split)), shard_tokens_(shard_tokens), width_(width) {}
-  ~ShardWriter() {
-    if (out_.valid()) {  // an error before close(): drop the partial shard
-      out_ = st::checkpoint::UniqueFd();
-      std::error_code ec;
-      fs::remove(tmp_path(), ec);
-    }
-  }
-
-  void write(std::span<const int32_t> tokens) {
-    while (!tokens.empty()) {
-      if (!out_.valid()) open_next();
-      const size_t n = std::min(tokens.size(), static_cast<size_t>(shard_tokens_ - in_shard_));
-      buffer_.resize(n * static_cast<size_t>(width_));
-      for (size_t i = 0; i < n; ++i) {
-        const auto v = static_cast<uint32_t>(tokens[i]);
-        std::memcpy(buffer_.data() + i * static_cast<size_t>(width_), &v,
-                    static_cast<size_t>(width_));  // little-endian
-      }
-      st::checkpoint::write_all(out_.get(), buffer_.data(), buffer_.size(), what());
-      in_shard_ += static_cast<int64_t>(n);
-      total_ += static_cast<int64_t>(n);
-      tokens = tokens.subspan(n);
-      if (in_shard_ == shard_tokens_) close();
-    }
-  }
-
-  /// Finishes the open shard; returns the number of shards written.
-  int64_t close() {
-    if (!out_.valid()) return shards_;
-    const auto final_header = header(in_shard_);
-    st::checkpoint::pwrite_all(out_.get(), final_header.data(), sizeof(final_header), 0, what());
-    out_.close_checked(tmp_path());
-    st::checkpoint::rename_path(tmp_path(), path());
-    ++shards_;
-    in_shard_ = 0;
-    return shards_;
-  }
-
-  int64_t tokens() const { return total_; }
-  const fs::path& dir() const { return dir_; }
-
- private:
-  fs::path path() const {
-    const std::string number = std::to_string(shards_);
-    return dir_ / (split_ + "_" + std::string(6 - std::min<size_t>(6, number.size()), '0') + number + ".bin");
-  }
-  fs::path tmp_path() const { return fs::path(path().string() + ".tmp"); }
-  std::string what() const { return format("shard '{}'", tmp_path().string()); }
-
-  void open_next() {
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-    ST_CHECK(!ec, "cannot create '{}': {}", dir_.string(), ec.message());
-    out_ = st::checkpoint::UniqueFd(::open(tmp_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    ST_CHECK(out_.valid(), "cannot create shard '{}': {}", tmp_path().string(), st::checkpoint::errno_text());
-    const auto placeholder = header(0);  // the count is written at close()
-    st::checkpoint::write_all(out_.get(), placeholder.data(), sizeof(placeholder), what());
-  }
-
-  std::array<int32_t, st::launch::kLlmcHeaderBytes / 4> header(int64_t count) const {
-    static_assert(std::endian::native == std::endian::little, "llm.c shards are little-endian");
-    std::array<int32_t, st::launch::kLlmcHeaderBytes / 4> h{};
-    h[0] = static_cast<int32_t>(width_ == 2 ? st::launch::kLlmcMagicU16 : st::launch::kLlmcMagicU32);
-    h[1] = width_ == 2 ? 1 : 7;  // llm.c's versions: 1 for GPT-2 (uint16) shards, 7 for LLaMA 3 (uint32)
-    h[2] = static_cast<int32_t>(count);
-    return h;
-  }
-
-  fs::path dir_;
-  std::string split_;
-  int64_t shard_tokens_;
-  int width_;
-  st::checkpoint::UniqueFd out_;
-  std::vector<char> buffer_;
-  int64_t in_shard_ = 0;
-  int64_t shards_ = 0;
-  int64_t total_ = 0;
-};
 
 // ---------------------------------------------------------------------------
 // Progress on stderr: a bar redrawn in place on a terminal, a line per 10% otherwise.
@@ -526,125 +438,6 @@ class Progress {
   Clock::time_point last_draw_{};
   int printed_tenth_ = 0;
   bool finished_ = false;  // the 100% line is out
-};
-
-// ---------------------------------------------------------------------------
-// Encoding: pieces of the input (text_piece) encoded by a pool of threads,
-// consumed by the caller in input order, with a bounded number in flight.
-
-struct Piece {
-  size_t file = 0;  // index into the input files
-  size_t k = 0;     // piece k of count
-  size_t count = 1;
-};
-
-struct Encoded {
-  std::vector<int32_t> ids;  // with BOS before a file's first piece and EOS after its last
-  size_t bytes = 0;          // text bytes of the piece
-  int64_t unknown = 0, byte_fallback = 0;
-  int64_t line_ends =
-      0;  // byte-fallback tokens that are '\n' (SentencePiece trains on lines, so LLaMA's has no piece for it)
-};
-
-std::vector<Piece> plan_pieces(const std::vector<InputFile>& files, const Tokenizer& tokenizer) {
-  std::vector<Piece> pieces;
-  for (size_t f = 0; f < files.size(); ++f) {
-    const size_t count = st::launch::piece_count(tokenizer, files[f].bytes, st::launch::kTextPieceBytes);
-    for (size_t k = 0; k < count; ++k) pieces.push_back({f, k, count});
-  }
-  return pieces;
-}
-
-Encoded encode_piece(const Piece& p, const std::vector<InputFile>& files, const Tokenizer& tokenizer) {
-  const st::launch::MappedFile file(files[p.file].path, "input");
-  const std::string_view text = file.text();
-  const st::launch::TextPiece range = st::launch::text_piece(text, p.k, p.count, st::launch::kTextPieceBytes);
-  Encoded e;
-  e.bytes = range.end - range.begin;  // the pieces of a file partition it
-  if (p.k == 0 && tokenizer.bos_id() >= 0) e.ids.push_back(tokenizer.bos_id());
-  if (range.end > range.begin) {
-    const std::vector<int32_t> ids =
-        tokenizer.encode(text.substr(range.begin, range.end - range.begin),
-                         range.begin == 0 ? st::launch::TextStart::Document : st::launch::TextStart::Continuation);
-    e.ids.insert(e.ids.end(), ids.begin(), ids.end());
-  }
-  if (p.k + 1 == p.count && tokenizer.eos_id() >= 0) e.ids.push_back(tokenizer.eos_id());
-  for (int32_t id : e.ids) {
-    const st::launch::TokenKind kind = tokenizer.kind(id);
-    e.unknown += kind == st::launch::TokenKind::Unknown ? 1 : 0;
-    e.byte_fallback += kind == st::launch::TokenKind::Byte ? 1 : 0;
-    e.line_ends += kind == st::launch::TokenKind::Byte && tokenizer.decode_piece(id) == "\n" ? 1 : 0;
-  }
-  return e;
-}
-
-// Runs encode_piece over `pieces` on `threads` threads and hands the results
-// to `consume` in order, with at most `window` pieces encoded ahead of it.
-class OrderedEncoder {
- public:
-  OrderedEncoder(const std::vector<Piece>& pieces, const std::vector<InputFile>& files, const Tokenizer& tokenizer,
-                 int threads)
-      : pieces_(pieces),
-        files_(files),
-        tokenizer_(tokenizer),
-        results_(pieces.size()),
-        window_(static_cast<size_t>(4 * threads)) {
-    for (int t = 0; t < threads; ++t) workers_.emplace_back([this] { work(); });
-  }
-  ~OrderedEncoder() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : workers_) t.join();
-  }
-  OrderedEncoder(const OrderedEncoder&) = delete;
-  OrderedEncoder& operator=(const OrderedEncoder&) = delete;
-
-  /// The result of piece `i`, in order (i = 0, 1, ...); rethrows a worker's error.
-  Encoded take(size_t i) {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return results_[i].has_value() || !error_.empty(); });
-    ST_CHECK(error_.empty(), "{}", error_);
-    Encoded e = std::move(*results_[i]);
-    results_[i].reset();
-    consumed_ = i + 1;
-    cv_.notify_all();
-    return e;
-  }
-
- private:
-  void work() {
-    for (;;) {
-      size_t i = 0;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || next_ >= pieces_.size() || next_ < consumed_ + window_; });
-        if (stop_ || next_ >= pieces_.size()) return;
-        i = next_++;
-      }
-      std::optional<Encoded> e;
-      const std::string error = st::error_message_of([&] { e = encode_piece(pieces_[i], files_, tokenizer_); });
-      std::lock_guard lock(mu_);
-      if (!error.empty() && error_.empty()) error_ = error;
-      results_[i] = std::move(e);
-      cv_.notify_all();
-    }
-  }
-
-  const std::vector<Piece>& pieces_;
-  const std::vector<InputFile>& files_;
-  const Tokenizer& tokenizer_;
-  std::vector<std::optional<Encoded>> results_;
-  size_t window_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  size_t next_ = 0;      // the next piece a worker claims
-  size_t consumed_ = 0;  // pieces taken by the consumer
-  std::string error_;
-  bool stop_ = false;
-  std::vector<std::thread> workers_;
 };
 
 // ---------------------------------------------------------------------------
@@ -723,14 +516,14 @@ void print_summary(const PrepareArgs& a, const Inputs& inputs, const Tokenizer& 
     std::printf(
         "  tokenizer: %s (SentencePiece, vocabulary %lld, %s); of the tokens: unknown %.3f%%, byte fallback "
         "%.3f%% (line ends '\\n' %.3f%%)\n",
-        (out / st::launch::kTokenizerModelName).string().c_str(), static_cast<long long>(tokenizer.vocab_size()),
+        (out / st::dataset::kTokenizerModelName).string().c_str(), static_cast<long long>(tokenizer.vocab_size()),
         width.c_str(), percent(t.unknown, t.tokens), percent(t.byte_fallback, t.tokens),
         percent(t.line_ends, t.tokens));
   }
   std::string hint = format("--set data.kind=tokens --set data.path={}", (out / "train").string());
   if (t.val_shards > 0) hint += format(" --set data.val_path={}", (out / "val").string());
   if (!tokenizer.is_bytes())
-    hint += format(" --set data.tokenizer={}", (out / st::launch::kTokenizerModelName).string());
+    hint += format(" --set data.tokenizer={}", (out / st::dataset::kTokenizerModelName).string());
   std::printf("  train with: %s --set model.vocab_size=%lld\n", hint.c_str(),
               static_cast<long long>(tokenizer.vocab_size()));
 }
@@ -743,7 +536,7 @@ int run(const std::vector<std::string>& argv) {
   }
   const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const Inputs inputs = find_inputs(a.inputs, a.out);
-  const fs::path model_path = fs::path(a.out) / st::launch::kTokenizerModelName;
+  const fs::path model_path = fs::path(a.out) / st::dataset::kTokenizerModelName;
   const bool writes_tokenizer = a.train_tokenizer || (!a.tokenizer.empty() && !same_file(a.tokenizer, model_path));
   prepare_output(a.out, a.overwrite, writes_tokenizer);
   const Tokenizer tokenizer = obtain_tokenizer(a, inputs, threads);

@@ -2,7 +2,7 @@
 // (as many rows as the names need), then two rows of two panels. Every
 // coordinate is written with one decimal through snprintf in the C locale,
 // so the bytes depend on the input only.
-#include "launch/plot_svg.h"
+#include "metrics/plot_svg.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/format.h"
 
-namespace st::launch {
+namespace st::metrics {
 
 namespace {
 
@@ -496,4 +496,4 @@ std::string render_svg(std::span<const PlotRun> runs, const PlotOptions& options
   return svg;
 }
 
-}  // namespace st::launch
+}  // namespace st::metrics

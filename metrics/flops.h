@@ -5,7 +5,7 @@
 
 #include "core/dtype.h"
 
-namespace st::launch {
+namespace st::metrics {
 
 /// Dense (no sparsity) peak FLOP/s of one GPU for matrix products in `dtype`,
 /// looked up by substrings of the CUDA device name ("NVIDIA H100 80GB HBM3").
@@ -17,4 +17,4 @@ double peak_flops(const std::string& device_name, DType dtype);
 /// plausible run; 0 when peak is 0 (unknown device).
 double mfu(double tokens_per_s, double flops_per_token, double peak);
 
-}  // namespace st::launch
+}  // namespace st::metrics

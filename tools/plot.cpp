@@ -1,6 +1,6 @@
 // plot: training curves from metrics files as one SVG (issue 15). This file
 // is the program, its command line and what it prints; reading the files is
-// launch/metrics.h's work, drawing launch/plot_svg.h's.
+// metrics/metrics.h's work, drawing metrics/plot_svg.h's.
 //
 //   plot METRICS.jsonl... -o run.svg [--label NAME]... [--title TEXT] [--log-loss]
 //
@@ -16,8 +16,8 @@
 #include "checkpoint/fs.h"
 #include "core/error.h"
 #include "core/format.h"
-#include "launch/metrics.h"
-#include "launch/plot_svg.h"
+#include "metrics/metrics.h"
+#include "metrics/plot_svg.h"
 
 namespace {
 
@@ -39,11 +39,11 @@ constexpr const char* kUsage =
 
 /// Command line of `plot`.
 struct PlotArgs {
-  bool help = false;                // --help / -h / no arguments
-  std::vector<std::string> files;   // the metrics files, in legend order
-  std::vector<std::string> labels;  // --label, the i-th naming the i-th file
-  std::string out;                  // -o / --output
-  st::launch::PlotOptions options;  // --title, --log-loss
+  bool help = false;                 // --help / -h / no arguments
+  std::vector<std::string> files;    // the metrics files, in legend order
+  std::vector<std::string> labels;   // --label, the i-th naming the i-th file
+  std::string out;                   // -o / --output
+  st::metrics::PlotOptions options;  // --title, --log-loss
 };
 
 // The value of the option at argv[i] ("--title=T" or "--title T"); advances i past it.
@@ -72,7 +72,7 @@ PlotArgs parse_plot_args(const std::vector<std::string>& argv) {
     } else if (is_option(arg, "--title")) {
       args.options.title = option_value(argv, i, "--title");
     } else if (arg == "--log-loss") {
-      args.options.loss_scale = st::launch::AxisScale::Log;
+      args.options.loss_scale = st::metrics::AxisScale::Log;
     } else {
       ST_CHECK(arg.empty() || arg[0] != '-' || arg == "-", "unknown option '{}'; see plot --help", arg);
       args.files.push_back(arg);
@@ -87,8 +87,8 @@ PlotArgs parse_plot_args(const std::vector<std::string>& argv) {
 }
 
 // Reads every file and names its run; two runs with one name are an error.
-std::vector<st::launch::PlotRun> read_runs(const PlotArgs& args) {
-  std::vector<st::launch::PlotRun> runs;
+std::vector<st::metrics::PlotRun> read_runs(const PlotArgs& args) {
+  std::vector<st::metrics::PlotRun> runs;
   std::set<std::string> names;
   for (size_t i = 0; i < args.files.size(); ++i) {
     const std::string& file = args.files[i];
@@ -97,7 +97,7 @@ std::vector<st::launch::PlotRun> read_runs(const PlotArgs& args) {
              args.out, file);
     std::string label = i < args.labels.size() ? args.labels[i] : std::filesystem::path(file).stem().string();
     ST_CHECK(names.insert(label).second, "two runs are named '{}' ({}); give each file a --label", label, file);
-    runs.push_back({std::move(label), st::launch::read_metrics_file(file)});
+    runs.push_back({std::move(label), st::metrics::read_metrics_file(file)});
   }
   return runs;
 }
@@ -108,10 +108,10 @@ int run(const std::vector<std::string>& argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  const std::vector<st::launch::PlotRun> runs = read_runs(args);
-  st::checkpoint::write_file_atomic(args.out, st::launch::render_svg(runs, args.options));
+  const std::vector<st::metrics::PlotRun> runs = read_runs(args);
+  st::checkpoint::write_file_atomic(args.out, st::metrics::render_svg(runs, args.options));
   std::string summary;
-  for (const st::launch::PlotRun& r : runs) {
+  for (const st::metrics::PlotRun& r : runs) {
     const size_t restarts = r.log.restarts.size();
     summary +=
         st::format("{}{}: steps {}..{}{}", summary.empty() ? "" : ", ", r.label, r.log.records.front().step,

@@ -1,0 +1,124 @@
+// trainer: the shardtrain entry point.
+//
+//   trainer --config FILE [--set key=value]... [--steps N] [--print-config]
+//   mpirun -np 4 trainer --config configs/llama-tiny.yaml
+//
+// This is the only place that catches st::Error: it prints one line naming
+// the problem and exits non-zero.
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/comm.h"
+#include "core/cpu/parallel.h"
+#include "core/cuda/cuda_runtime.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/watchdog.h"
+#include "launch/cli.h"
+#include "launch/config.h"
+#include "launch/self_check.h"
+#include "launch/trainer.h"
+
+namespace {
+
+// The run's first line: the config, its overrides, the world and the GPUs.
+void log_start(const st::launch::TrainerArgs& args, st::ProcessGroup& world, st::Logger& log) {
+  std::string overrides;
+  for (const std::string& o : args.overrides) overrides += (overrides.empty() ? "" : ", ") + o;
+  log.info0("shardtrain: config {}{} | {} rank(s) ({} backend) | {} GPU(s) visible, CUDA {}", args.config_path,
+            overrides.empty() ? std::string(" (no overrides)") : " with " + overrides, world.size(),
+            world.backend_name(), st::cuda::device_count(), st::cuda::compiled_with_cuda() ? "built in" : "not built");
+}
+
+int run(const std::vector<std::string>& argv) {
+  st::launch::TrainerArgs args = st::launch::parse_trainer_args(argv);
+  if (args.help) {
+    std::fputs(st::launch::trainer_usage().c_str(), stdout);
+    return 0;
+  }
+  if (args.list_keys) {
+    std::fputs(st::launch::config_keys_markdown().c_str(), stdout);
+    return 0;
+  }
+  // A torchrun or plain Slurm environment of several processes without MPI
+  // would split the job into independent runs: refused before anything else.
+  st::detect_world();
+  // Loading the config first means a bad file fails before MPI starts. Every
+  // rank loads the same file, so every rank fails alike: rank 0 reports it.
+  st::Config config;
+  try {
+    config = st::load_config(args.config_path, args.overrides);
+  } catch (const st::Error& e) {
+    throw st::AgreedError(e.message(), __FILE__, __LINE__);
+  }
+  if (args.print_config) {
+    std::fputs(st::to_yaml(config).c_str(), stdout);
+    return 0;
+  }
+
+  st::CommRuntime comm;
+  st::ProcessGroup& world = comm.world();
+  st::Logger log(world.rank(), world.size(),
+                 st::parse_log_level(args.log_level.empty() ? config.logging.level : args.log_level));
+  const st::WorldInfo& info = comm.info();
+  log_start(args, world, log);
+  log.debug("local rank {}/{}", info.local_rank, info.local_size);
+  // No collective waits forever: a frozen or dead rank aborts the job after comm.timeout_s.
+  std::optional<st::Watchdog> watchdog;
+  if (world.size() > 1 && world.backend_name() == "mpi" && config.comm.timeout_s > 0) {
+    watchdog.emplace(config.comm.timeout_s, log);
+    world.set_watchdog(&*watchdog);
+  }
+  if (args.self_check) {
+    st::launch::SelfCheckReport report = st::launch::run_self_check(world, log, int64_t{16} << 20);
+    if (!report.passed()) {
+      log.error("collective self-check FAILED (see the table above)");
+      return 1;
+    }
+    log.info0("collective self-check passed: {} checks, 0 wrong elements", report.checks.size());
+    return 0;
+  }
+  st::ScheduleConfig& schedule = config.optim.schedule;
+  if (schedule.warmup_steps > config.train.steps) {
+    log.warn0("optim.schedule.warmup_steps {} is longer than the run (train.steps {}); warming up over all {} steps",
+              schedule.warmup_steps, config.train.steps, config.train.steps);
+    schedule.warmup_steps = config.train.steps;
+  }
+  st::launch::train(config, world, log, info.local_size,
+                    {args.stop_after, args.resume, info.local_rank, args.overwrite});
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  st::cpu::use_short_openmp_spin(argv);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return run(args);
+  } catch (const st::AgreedError& e) {
+    // The launcher's environment says which rank this is even when MPI never started.
+    bool first = true;
+    try {
+      first = st::detect_world().rank == 0;
+    } catch (const st::Error&) {
+    }
+    if (!first) {
+      // Rank 0 reports it and its exit status fails the job. Were this rank to
+      // exit first, mpirun would kill rank 0 before its line got out.
+      st::finalize_mpi_for_agreed_error();
+      return 0;
+    }
+    std::fprintf(stderr, "trainer: error: %s\n", e.message().c_str());
+    return 1;
+  } catch (const st::Error& e) {
+    std::fprintf(stderr, "trainer: error: %s\n", e.message().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainer: internal error: %s\n", e.what());
+    return 2;
+  }
+}
