@@ -26,7 +26,7 @@
 #                     fills both rows
 #   peaks             gemm_peak and torch_llama_cpu.py --gemm-peak, 2048^3, F32 and BF16, at <cores> threads,
 #                     once per round; the peak of a dtype is the better library's median
-#   fraction of peak  tokens/s * FLOPs per token (launch/flops.h) / the peak of the row's dtype
+#   fraction of peak  tokens/s * FLOPs per token (metrics/flops.h) / the peak of the row's dtype
 #
 # Options (defaults in brackets):
 #   --build DIR          build directory holding trainer and gemm_peak [build]; both targets are
@@ -137,7 +137,7 @@ import json, sys
 kind, log, fields, rc, warmup = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 out = dict(kind=kind, log=log, **fields)
 if kind == "ours":
-    # The trainer's metrics file: one JSON object per step (launch/metrics.cpp); drop the warm-up steps.
+    # The trainer's metrics file: one JSON object per step (metrics/metrics.cpp); drop the warm-up steps.
     try:
         steps = [json.loads(line) for line in open(fields["metrics"]) if line.strip()]
     except OSError:
@@ -260,7 +260,7 @@ for dtype in ("f32", "bf16"):
     known = [g for g in (lib_peak["ours", dtype], lib_peak["peer", dtype]) if g]
     peak[dtype] = max(known) if known else None
 
-flops = {}  # model -> FLOPs per token (the peer's JSON carries launch/flops.h's count)
+flops = {}  # model -> FLOPs per token (the peer's JSON carries metrics/flops.h's count)
 for row in rows:
     if row["kind"] == "peer" and "result" in row:
         flops[row["model"]] = row["result"]["flops_per_token"]

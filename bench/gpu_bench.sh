@@ -421,7 +421,7 @@ for recompute in ("full", "none"):
         mem = f"{r['peak'] / 2**30:.1f} GiB" if r else "-"
         print(f"{name:<28}{tps:>11}{mfu(r):>8}{mem:>11}{ratio:>11}  {r['loss'] if r else ''}")
 print("ours: median tokens/s over the steps after the 5th; torch: mean of its timed steps after 5 warm-up steps.")
-print(f"MFU: tokens/s x FLOP/token (6 x matmul params + attention, launch/flops.h) / the measured BF16 peak "
+print(f"MFU: tokens/s x FLOP/token (6 x matmul params + attention, metrics/flops.h) / the measured BF16 peak "
       f"({peak / 1e12:.1f} TFLOP/s).")
 print("peak memory: ours = our caching allocator's peak bytes, torch = torch.cuda.max_memory_allocated.")
 EOF

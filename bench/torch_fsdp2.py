@@ -9,7 +9,7 @@ lm_head; parameter names are HF's), shards every decoder layer and then the
 root with torch.distributed.fsdp.fully_shard under
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32), and trains it with
 AdamW on random tokens. It times steps after a warm-up and reports tokens/s,
-MFU (the formula of launch/flops.h, written again below), peak memory and the
+MFU (the formula of metrics/flops.h, written again below), peak memory and the
 step time as one JSON line.
 
     python3 bench/torch_fsdp2.py --config configs/llama.yaml          # one GPU
@@ -97,11 +97,11 @@ def load_config(path, overrides):
     return config
 
 
-# --- FLOPs and MFU: launch/flops.h again -----------------------------------------------
+# --- FLOPs and MFU: metrics/flops.h again -----------------------------------------------
 
 # Dense BF16 (tensor cores, FP32 accumulate) and plain FP32 peaks per GPU in
 # FLOP/s, keyed by substrings of the device name; the first match wins. The
-# same table, in the same order and with the same sources, as launch/flops.cpp
+# same table, in the same order and with the same sources, as metrics/flops.cpp
 # (tests/test_flops.cpp checks that the two agree).
 PEAKS = [
     ("H100 NVL", 835e12, 60e12),
@@ -126,7 +126,7 @@ def peak_flops(device_name, dtype):
 
 
 def model_flops(m, seq_len):
-    """params, matmul_params and training FLOPs per token, as launch/flops.h counts them:
+    """params, matmul_params and training FLOPs per token, as metrics/flops.h counts them:
     6 * matmul_params + 12 * L * T * (H * head_dim) (PaLM: the full T x T score matrix)."""
     d, layers = m["hidden_size"], m["num_hidden_layers"]
     head_dim = d // m["num_attention_heads"]

@@ -7,7 +7,7 @@ with the reference BLAS, F32 runs ~7x slower and the comparison says
 nothing). The model is bench/torch_fsdp2.py's (HF LLaMA math and names:
 RMSNorm, rotary in the rotate_half layout, SwiGLU, causal attention, tied or
 untied lm_head as the config says), built from one of our YAML configs; so
-are the parameter and FLOP counts (launch/flops.h's convention). No FSDP:
+are the parameter and FLOP counts (metrics/flops.h's convention). No FSDP:
 one process, `--threads` intra-op threads.
 
     /usr/bin/python3 bench/torch_llama_cpu.py --config bench/configs/m8.yaml

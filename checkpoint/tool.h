@@ -1,5 +1,5 @@
 #pragma once
-// The work behind the `ckpt` program (launch/ckpt.cpp parses its command line
+// The work behind the `ckpt` program (tools/ckpt.cpp parses its command line
 // and prints what these return):
 //
 //   inspect   format, step, saver world size, every tensor
@@ -75,7 +75,7 @@ VerifyReport verify_checkpoint_parts(const std::vector<std::string>& paths, int 
 
 /// What convert does with the files beside the tensors that it does not
 /// simply copy. The checkpoint subsystem does not know the model's config
-/// format; the caller (launch/ckpt.cpp) fills this from models/hf_config.h.
+/// format; the caller (tools/ckpt.cpp) fills this from models/hf_config.h.
 struct ConvertOptions {
   /// Name of the Hugging Face config file ("config.json"); empty: none is rewritten.
   std::string hf_config_name;

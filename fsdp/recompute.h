@@ -9,7 +9,7 @@
 // The wrapper sits inside the module's hooks, so when the module also roots a
 // shard unit the unit's gather (pre_backward) comes before the re-run forward
 // and the children's hooks fire again within it. Applied before sharding, as
-// in PyTorch (launch/train.cpp: recomputation, then ShardedModel).
+// in PyTorch (launch/trainer.cpp: recomputation, then ShardedModel).
 #include "fsdp/config.h"
 #include "models/module.h"
 
