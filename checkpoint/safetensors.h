@@ -19,6 +19,7 @@
 #include "checkpoint/fs.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "core/text.h"
 
 namespace st::checkpoint {
 
@@ -125,8 +126,7 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-/// Offset of the first byte that breaks UTF-8 (overlong forms, surrogates and
-/// code points past U+10FFFF included), or -1 when `bytes` is valid.
-int64_t find_invalid_utf8(std::string_view bytes);
+/// The UTF-8 check of names and headers: core/text.h's (strict).
+using ::st::find_invalid_utf8;
 
 }  // namespace st::checkpoint
