@@ -16,9 +16,6 @@
 
 namespace st::checkpoint {
 
-// Generic file I/O (descriptors, whole writes, fsync, read_file,
-// write_file_atomic) is core/file.h's; checkpoint/ code names it unqualified.
-
 /// Renames `from` to `to`, failing instead of replacing when `to` exists
 /// (RENAME_NOREPLACE; an existence check first where the file system lacks it).
 void rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to);

@@ -15,6 +15,7 @@
 
 #include "checkpoint/checksum.h"
 #include "core/error.h"
+#include "core/text.h"
 
 namespace st::checkpoint {
 namespace {

@@ -19,7 +19,6 @@
 #include "checkpoint/fs.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "core/text.h"
 
 namespace st::checkpoint {
 
@@ -125,8 +124,5 @@ class SafetensorsFile {
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };
-
-/// The UTF-8 check of names and headers: core/text.h's (strict).
-using ::st::find_invalid_utf8;
 
 }  // namespace st::checkpoint
