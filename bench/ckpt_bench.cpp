@@ -45,10 +45,11 @@
 #include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
+#include "core/cli.h"
 #include "core/comm.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "core/format.h"
 #include "core/hash.h"
 #include "core/state.h"
@@ -58,14 +59,8 @@ namespace st::bench {
 namespace {
 
 namespace fs = std::filesystem;
-using checkpoint::errno_text;
-using checkpoint::fsync_fd;
-using checkpoint::fsync_path;
 using checkpoint::Layout;
 using checkpoint::layout_name;
-using checkpoint::PathKind;
-using checkpoint::UniqueFd;
-using checkpoint::write_all;
 using Clock = std::chrono::steady_clock;
 
 // --- command line -----------------------------------------------------------------
@@ -83,29 +78,9 @@ struct Args {
   ModelWeights unified_model = ModelWeights::None;  // extra model-* files of the unified layout
   bool keep = false;                                // leave the files behind
   double settle = 2;                                // seconds of quiet before each measurement
-  bool snapshot = false;  // SaveOptions::snapshot: copy to host buffers first, as an async save does
-  bool help = false;
+  bool snapshot = false;   // SaveOptions::snapshot: copy to host buffers first, as an async save does
+  std::string drop_cache;  // --drop-cache DIR: only drop the page cache of DIR's files
 };
-
-constexpr std::string_view kUsage =
-    "usage: ckpt_bench --dir DIR [--bytes N] [--repeats N] [--verify on|off] [--threads N] [--save-threads N]\n"
-    "                  [--layouts unified,sharded] [--unified-model none|f32|bf16] [--snapshot on|off]\n"
-    "                  [--settle S] [--keep]\n"
-    "  --dir DIR        directory on the disk to measure (a subdirectory ckpt_bench-w<world> is made there)\n"
-    "  --bytes N        state size in bytes over all ranks, e.g. 2e9 (default 2e9)\n"
-    "  --repeats N      measurements per figure; the median is printed (default 3)\n"
-    "  --verify on|off  CRC32C check of every chunk while loading (default on)\n"
-    "  --threads N      reader threads per rank (LoadOptions::threads, default 4)\n"
-    "  --save-threads N writer threads per rank (SaveOptions::threads, default 2)\n"
-    "  --layouts L      comma-separated, from unified and sharded (default both); none measures only\n"
-    "                   the disk (raw write, raw read) and a host copy of the state\n"
-    "  --unified-model  also write model-* files in the unified layout as f32 or bf16 (default none:\n"
-    "                   master weights and optimizer state only, so both layouts write the same bytes)\n"
-    "  --snapshot on|off  stage the data into the saver's own buffers first, as an async save does\n"
-    "                   (default off, as the trainer's synchronous save)\n"
-    "  --settle S       sync, then S seconds of quiet before each measurement (default 2)\n"
-    "  --keep           do not delete the files at the end\n"
-    "ckpt_bench --drop-cache DIR  drops the page cache of every file under DIR, then exits\n";
 
 // "unified,sharded", "sharded", or "none" (the disk's own figures only).
 std::vector<Layout> parse_layouts(const std::string& list) {
@@ -116,71 +91,78 @@ std::vector<Layout> parse_layouts(const std::string& list) {
     const size_t comma = std::min(list.find(',', start), list.size());
     const std::string name = list.substr(start, comma - start);
     const std::optional<Layout> layout = checkpoint::parse_layout(name);
-    ST_CHECK(layout.has_value(), "--layouts: unknown layout '{}' (unified, sharded)", name);
+    ST_USAGE_CHECK(layout.has_value(), "--layouts: unknown layout '{}' (unified, sharded)", name);
     out.push_back(*layout);
     start = comma + 1;
   }
   return out;
 }
 
-Args parse_args(const std::vector<std::string>& argv) {
-  Args a;
-  auto value = [&](size_t& i) -> const std::string& {
-    ST_CHECK(i + 1 < argv.size(), "{} needs a value\n{}", argv[i], kUsage);
-    return argv[++i];
-  };
-  auto number = [&](const std::string& flag, const std::string& text) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    ST_CHECK(used == text.size() && std::isfinite(v) && v > 0, "{} must be a positive number, got '{}'", flag, text);
-    return v;
-  };
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      a.help = true;
-      return a;
-    } else if (flag == "--dir") {
-      a.dir = value(i);
-    } else if (flag == "--bytes") {
-      a.bytes = number(flag, value(i));
-    } else if (flag == "--repeats") {
-      a.repeats = static_cast<int>(number(flag, value(i)));
-    } else if (flag == "--threads") {
-      a.threads = static_cast<int>(number(flag, value(i)));
-    } else if (flag == "--save-threads") {
-      a.save_threads = static_cast<int>(number(flag, value(i)));
-    } else if (flag == "--verify") {
-      const std::string& v = value(i);
-      ST_CHECK(v == "on" || v == "off", "--verify must be on or off, got '{}'", v);
-      a.verify = v == "on";
-    } else if (flag == "--layouts") {
-      a.layouts = parse_layouts(value(i));
-    } else if (flag == "--unified-model") {
-      const std::string& v = value(i);
-      ST_CHECK(v == "none" || v == "f32" || v == "bf16", "--unified-model must be none, f32 or bf16, got '{}'", v);
-      a.unified_model = v == "none" ? ModelWeights::None : v == "f32" ? ModelWeights::F32 : ModelWeights::BF16;
-    } else if (flag == "--snapshot") {
-      const std::string& v = value(i);
-      ST_CHECK(v == "on" || v == "off", "--snapshot must be on or off, got '{}'", v);
-      a.snapshot = v == "on";
-    } else if (flag == "--settle") {
-      const std::string& v = value(i);
-      a.settle = v == "0" ? 0.0 : number(flag, v);
-    } else if (flag == "--keep") {
-      a.keep = true;
-    } else {
-      ST_FAIL("unknown argument '{}'\n{}", flag, kUsage);
-    }
+// A positive finite number ("2e9"); --repeats and the thread counts take its integer part.
+double positive_number(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
   }
-  ST_CHECK(!a.dir.empty(), "--dir is required\n{}", kUsage);
-  ST_CHECK(a.bytes >= 1e5, "--bytes {} is too small to shape a model (at least 1e5)", a.bytes);
-  return a;
+  ST_USAGE_CHECK(used == text.size() && std::isfinite(v) && v > 0, "{} must be a positive number, got '{}'", flag,
+                 text);
+  return v;
+}
+
+// "on" or "off" for `flag`.
+bool on_off(const std::string& flag, const std::string& v) {
+  ST_USAGE_CHECK(v == "on" || v == "off", "{} must be on or off, got '{}'", flag, v);
+  return v == "on";
+}
+
+/// The flags, writing into `a`.
+cli::Parser args_parser(Args& a) {
+  cli::Parser p("ckpt_bench",
+                "ckpt_bench --dir DIR [--bytes N] [--repeats N] [--verify on|off] [--threads N] [--save-threads N]\n"
+                "                  [--layouts unified,sharded] [--unified-model none|f32|bf16] [--snapshot on|off]\n"
+                "                  [--settle S] [--keep]\n"
+                "       ckpt_bench --drop-cache DIR");
+  auto count = [](const char* flag, int* out) {
+    return [=](const std::string& v) { *out = static_cast<int>(positive_number(flag, v)); };
+  };
+  auto unified_model = [&a](const std::string& v) {
+    ST_USAGE_CHECK(v == "none" || v == "f32" || v == "bf16", "--unified-model must be none, f32 or bf16, got '{}'", v);
+    a.unified_model = v == "none" ? ModelWeights::None : v == "f32" ? ModelWeights::F32 : ModelWeights::BF16;
+  };
+  p.option("--dir", "DIR", &a.dir,
+           "directory on the disk to measure (a subdirectory ckpt_bench-w<world> is made there)")
+      .option(
+          "--bytes", "N", [&a](const std::string& v) { a.bytes = positive_number("--bytes", v); },
+          "state size in bytes over all ranks, e.g. 2e9 (default 2e9)")
+      .option("--repeats", "N", count("--repeats", &a.repeats),
+              "measurements per figure; the median is printed (default 3)")
+      .option(
+          "--verify", "on|off", [&a](const std::string& v) { a.verify = on_off("--verify", v); },
+          "CRC32C check of every chunk while loading (default on)")
+      .option("--threads", "N", count("--threads", &a.threads),
+              "reader threads per rank (LoadOptions::threads, default 4)")
+      .option("--save-threads", "N", count("--save-threads", &a.save_threads),
+              "writer threads per rank (SaveOptions::threads, default 2)")
+      .option(
+          "--layouts", "L", [&a](const std::string& v) { a.layouts = parse_layouts(v); },
+          "comma-separated, from unified and sharded (default both); none measures only\n"
+          "the disk (raw write, raw read) and a host copy of the state")
+      .option("--unified-model", "W", unified_model,
+              "also write model-* files in the unified layout as f32 or bf16 (default none:\n"
+              "master weights and optimizer state only, so both layouts write the same bytes)")
+      .option(
+          "--snapshot", "on|off", [&a](const std::string& v) { a.snapshot = on_off("--snapshot", v); },
+          "stage the data into the saver's own buffers first, as an async save does\n"
+          "(default off, as the trainer's synchronous save)")
+      .option(
+          "--settle", "S", [&a](const std::string& v) { a.settle = v == "0" ? 0.0 : positive_number("--settle", v); },
+          "sync, then S seconds of quiet before each measurement (default 2)")
+      .flag("--keep", &a.keep, "do not delete the files at the end")
+      .option("--drop-cache", "DIR", &a.drop_cache, "drop the page cache of every file under DIR, then exit");
+  return p;
 }
 
 // --- the synthetic state ----------------------------------------------------------
@@ -831,12 +813,12 @@ int drop_cache_of_tree(const std::string& dir) {
 }
 
 int run(const std::vector<std::string>& argv) {
-  if (argv.size() == 2 && argv[0] == "--drop-cache") return drop_cache_of_tree(argv[1]);
-  const Args args = parse_args(argv);
-  if (args.help) {
-    std::fputs(kUsage.data(), stdout);
-    return 0;
-  }
+  Args args;
+  const cli::Parser parser = args_parser(args);
+  if (parser.parse_or_help(argv)) return 0;
+  if (!args.drop_cache.empty()) return drop_cache_of_tree(args.drop_cache);
+  ST_USAGE_CHECK(!args.dir.empty(), "--dir is required (see --help)");
+  ST_USAGE_CHECK(args.bytes >= 1e5, "--bytes {} is too small to shape a model (at least 1e5)", args.bytes);
   CommRuntime comm;
   ProcessGroup& world = comm.world();
   const ModelShape m = shape_for_bytes(args.bytes);

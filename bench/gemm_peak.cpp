@@ -23,12 +23,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "core/cpu/ops_cpu.h"
+#include "core/cli.h"
 #include "core/cpu/parallel.h"
 #include "core/cuda/cuda_runtime.h"
 #include "core/error.h"
@@ -48,29 +48,7 @@ struct Args {
   int repeats = 8;
   std::vector<DType> dtypes{DType::F32, DType::BF16};
   Device device = Device::cpu();
-  bool help = false;
 };
-
-constexpr std::string_view kUsage =
-    "usage: gemm_peak [--size N] [--threads N] [--warmup N] [--repeats N] [--dtypes f32,bf16]\n"
-    "  --size N      M = N = K of the GEMM (default 2048)\n"
-    "  --threads N   OpenMP/oneDNN threads (default 0: the cores this process may use)\n"
-    "  --warmup N    untimed calls per dtype and layout first (default 2)\n"
-    "  --repeats N   timed calls per dtype and layout; the median is reported (default 8)\n"
-    "  --dtypes L    operand dtypes, comma-separated from f32 and bf16 (default both); C is F32 on the CPU\n"
-    "  --device D    cpu (default) or cuda (GPU 0 through cuBLASLt; C in the operands' dtype)\n";
-
-int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  ST_CHECK(used == text.size() && v >= min, "{} must be an integer >= {}, got '{}'", flag, min, text);
-  return v;
-}
 
 std::vector<DType> parse_dtypes(const std::string& list) {
   std::vector<DType> out;
@@ -78,42 +56,32 @@ std::vector<DType> parse_dtypes(const std::string& list) {
   while (start <= list.size()) {
     const size_t comma = std::min(list.find(',', start), list.size());
     const std::string name = list.substr(start, comma - start);
-    ST_CHECK(name == "f32" || name == "bf16", "--dtypes: unknown dtype '{}' (f32, bf16)", name);
+    ST_USAGE_CHECK(name == "f32" || name == "bf16", "--dtypes: unknown dtype '{}' (f32, bf16)", name);
     out.push_back(name == "f32" ? DType::F32 : DType::BF16);
     start = comma + 1;
   }
   return out;
 }
 
-Args parse_args(const std::vector<std::string>& argv) {
-  Args a;
-  auto value = [&](size_t& i) -> const std::string& {
-    ST_CHECK(i + 1 < argv.size(), "{} needs a value\n{}", argv[i], kUsage);
-    return argv[++i];
+/// The flags, writing into `a`.
+cli::Parser args_parser(Args& a) {
+  constexpr int kMaxInt = std::numeric_limits<int>::max();
+  auto device = [&a](const std::string& name) {
+    ST_USAGE_CHECK(name == "cpu" || name == "cuda", "--device: expected cpu or cuda, got '{}'", name);
+    a.device = name == "cpu" ? Device::cpu() : Device::cuda(0);
   };
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      a.help = true;
-    } else if (flag == "--size") {
-      a.size = parse_int(flag, value(i), 1);
-    } else if (flag == "--threads") {
-      a.threads = static_cast<int>(parse_int(flag, value(i), 0));
-    } else if (flag == "--warmup") {
-      a.warmup = static_cast<int>(parse_int(flag, value(i), 0));
-    } else if (flag == "--repeats") {
-      a.repeats = static_cast<int>(parse_int(flag, value(i), 1));
-    } else if (flag == "--dtypes") {
-      a.dtypes = parse_dtypes(value(i));
-    } else if (flag == "--device") {
-      const std::string& name = value(i);
-      ST_CHECK(name == "cpu" || name == "cuda", "--device: expected cpu or cuda, got '{}'", name);
-      a.device = name == "cpu" ? Device::cpu() : Device::cuda(0);
-    } else {
-      ST_FAIL("unknown argument '{}'\n{}", flag, kUsage);
-    }
-  }
-  return a;
+  cli::Parser p("gemm_peak", "gemm_peak [--size N] [--threads N] [--warmup N] [--repeats N] [--dtypes f32,bf16]");
+  p.option("--size", "N", &a.size, "M = N = K of the GEMM (default 2048)", 1)
+      .option("--threads", "N", &a.threads, "OpenMP/oneDNN threads (default 0: the cores this process may use)", 0,
+              kMaxInt)
+      .option("--warmup", "N", &a.warmup, "untimed calls per dtype and layout first (default 2)", 0, kMaxInt)
+      .option("--repeats", "N", &a.repeats, "timed calls per dtype and layout; the median is reported (default 8)", 1,
+              kMaxInt)
+      .option(
+          "--dtypes", "L", [&a](const std::string& list) { a.dtypes = parse_dtypes(list); },
+          "operand dtypes, comma-separated from f32 and bf16 (default both); C is F32 on the CPU")
+      .option("--device", "D", device, "cpu (default) or cuda (GPU 0 through cuBLASLt; C in the operands' dtype)");
+  return p;
 }
 
 // Uniform values in [-1, 1): no denormals, no overflow, nothing a library
@@ -175,11 +143,9 @@ std::string measure(DType dtype, const Args& args) {
 }
 
 int run(const std::vector<std::string>& argv) {
-  const Args args = parse_args(argv);
-  if (args.help) {
-    std::fputs(kUsage.data(), stdout);
-    return 0;
-  }
+  Args args;
+  const cli::Parser parser = args_parser(args);
+  if (parser.parse_or_help(argv)) return 0;
   cpu::set_cpu_threads(args.threads > 0 ? args.threads : cpu::auto_cpu_threads(1));
   if (args.device.is_cuda()) {
     ST_CHECK(cuda::compiled_with_cuda(), "--device cuda: this build has no CUDA backend (ST_WITH_CUDA=OFF)");

@@ -17,12 +17,11 @@
 // exactness contract of core/comm.h requires.
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
+#include <limits>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "core/cli.h"
 #include "core/comm.h"
 #include "core/cuda/cuda_runtime.h"
 #include "core/cuda/stream.h"
@@ -37,40 +36,18 @@ struct Options {
   int iters = 20;
 };
 
-int64_t parse_int(std::string_view flag, const char* text, int64_t min_value) {
-  char* end = nullptr;
-  long long v = std::strtoll(text, &end, 10);
-  ST_CHECK(end != text && *end == '\0' && v >= min_value, "{} {}: expected an integer >= {}", flag, text, min_value);
-  return v;
-}
-
-Options parse_args(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::printf(
-          "usage: nccl_bench [--min-bytes B] [--max-bytes B] [--warmup N] [--iters N]\n"
-          "all_gather and reduce_scatter of the NCCL ProcessGroup, BF16 and F32, sizes min..max in x4 steps.\n"
-          "Run under mpirun with one GPU per rank.\n");
-      std::exit(0);
-    }
-    ST_CHECK(i + 1 < argc, "{} needs a value (see --help)", flag);
-    const char* value = argv[++i];
-    if (flag == "--min-bytes") {
-      o.min_bytes = parse_int(flag, value, 1);
-    } else if (flag == "--max-bytes") {
-      o.max_bytes = parse_int(flag, value, 1);
-    } else if (flag == "--warmup") {
-      o.warmup = static_cast<int>(parse_int(flag, value, 0));
-    } else if (flag == "--iters") {
-      o.iters = static_cast<int>(parse_int(flag, value, 1));
-    } else {
-      ST_FAIL("unknown option {} (see --help)", flag);
-    }
-  }
-  ST_CHECK(o.min_bytes <= o.max_bytes, "--min-bytes {} is larger than --max-bytes {}", o.min_bytes, o.max_bytes);
-  return o;
+/// The flags, writing into `o`.
+cli::Parser options_parser(Options& o) {
+  constexpr int kMaxInt = std::numeric_limits<int>::max();
+  cli::Parser p("nccl_bench", "nccl_bench [--min-bytes B] [--max-bytes B] [--warmup N] [--iters N]");
+  p.text(
+       "all_gather and reduce_scatter of the NCCL ProcessGroup, BF16 and F32, sizes min..max in x4 steps.\n"
+       "Run under mpirun with one GPU per rank.\n")
+      .option("--min-bytes", "B", &o.min_bytes, "the smallest size (default 1024)", 1)
+      .option("--max-bytes", "B", &o.max_bytes, "the largest size (default 1073741824)", 1)
+      .option("--warmup", "N", &o.warmup, "untimed calls per size first (default 5)", 0, kMaxInt)
+      .option("--iters", "N", &o.iters, "timed calls per size (default 20)", 1, kMaxInt);
+  return p;
 }
 
 enum class Collective : uint8_t { AllGather, ReduceScatter };
@@ -142,8 +119,11 @@ void run_series(ProcessGroup& world, ProcessGroup& nccl, int device, Collective 
   }
 }
 
-int run(int argc, char** argv) {
-  Options o = parse_args(argc, argv);
+int run(const std::vector<std::string>& argv) {
+  Options o;
+  const cli::Parser parser = options_parser(o);
+  if (parser.parse_or_help(argv)) return 0;
+  ST_USAGE_CHECK(o.min_bytes <= o.max_bytes, "--min-bytes {} is larger than --max-bytes {}", o.min_bytes, o.max_bytes);
   CommRuntime runtime;
   ProcessGroup& world = runtime.world();
   const WorldInfo& info = runtime.info();
@@ -182,10 +162,6 @@ int run(int argc, char** argv) {
 }  // namespace st
 
 int main(int argc, char** argv) {
-  try {
-    return st::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "nccl_bench: error: %s\n", e.what());
-    return 1;
-  }
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  return st::run_main("nccl_bench", [&] { return st::run(args); });
 }

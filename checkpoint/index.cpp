@@ -17,6 +17,7 @@
 #include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/file.h"
 
 namespace st::checkpoint {
 namespace {
@@ -27,7 +28,7 @@ namespace fs = std::filesystem;
 std::string join_path(const std::string& dir, std::string_view name) { return (fs::path(dir) / name).string(); }
 
 json read_json_file(const std::string& path) {
-  const std::string text = read_regular_file(path, "index");
+  const std::string text = read_file(path, "index");
   try {
     return json::parse(text);
   } catch (const json::exception& e) {
@@ -348,7 +349,7 @@ std::string marker_body(const fs::path& dir, int64_t step, const std::vector<std
     if (name.ends_with(".safetensors")) {
       marker += format("file {} {}\n", size, name);
     } else {
-      const std::string content = read_regular_file(file, "checkpoint file");
+      const std::string content = read_file(file, "checkpoint file");
       ST_CHECK(content.size() == size, "checkpoint file {} changed while the marker was written", file.string());
       marker += format("sum {} {} {}\n", size, crc_hex(content), name);
     }
@@ -503,7 +504,7 @@ std::string marker_file_problem(const fs::path& dir, const MarkerFile& f) {
   if (!f.crc32c) return {};
   std::string content;
   try {
-    content = read_regular_file(dir / f.name, "checkpoint file");
+    content = read_file(dir / f.name, "checkpoint file");
   } catch (const Error& e) {
     return e.message();
   }

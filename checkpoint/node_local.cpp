@@ -12,6 +12,7 @@
 
 #include "checkpoint/fs.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "core/format.h"
 
 namespace st::checkpoint {
@@ -70,10 +71,8 @@ json list_step(const fs::path& dir) {
     if (name.ends_with(".safetensors")) {
       files.push_back({{"name", name}, {"size", size}, {"data", true}, {"bytes", to_hex(header_bytes(e.path()))}});
     } else if (size <= kMaxSmallFile) {
-      files.push_back({{"name", name},
-                       {"size", size},
-                       {"data", false},
-                       {"bytes", to_hex(read_regular_file(e.path(), "checkpoint file"))}});
+      files.push_back(
+          {{"name", name}, {"size", size}, {"data", false}, {"bytes", to_hex(read_file(e.path(), "checkpoint file"))}});
     }
   }
   return files;

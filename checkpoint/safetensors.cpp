@@ -15,6 +15,7 @@
 
 #include "checkpoint/checksum.h"
 #include "core/error.h"
+#include "core/text.h"
 
 namespace st::checkpoint {
 namespace {
@@ -61,40 +62,6 @@ std::optional<uint64_t> checked_numel(const Shape& shape) {
 }
 
 }  // namespace
-
-int64_t find_invalid_utf8(std::string_view bytes) {
-  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
-  const size_t n = bytes.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = b[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    uint32_t cp, min_cp;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1Fu, min_cp = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0Fu, min_cp = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07u, min_cp = 0x10000;
-    } else {
-      return static_cast<int64_t>(i);
-    }
-    if (len > n - i) return static_cast<int64_t>(i);
-    for (size_t k = 1; k < len; ++k) {
-      if ((b[i + k] & 0xC0) != 0x80) return static_cast<int64_t>(i);
-      cp = (cp << 6) | (b[i + k] & 0x3Fu);
-    }
-    // Overlong encodings would let one name have two spellings; surrogates
-    // and values past U+10FFFF are not characters at all.
-    if (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return static_cast<int64_t>(i);
-    i += len;
-  }
-  return -1;
-}
 
 // --- SafetensorsWriter -----------------------------------------------------------
 

@@ -125,8 +125,4 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-/// Offset of the first byte that breaks UTF-8 (overlong forms, surrogates and
-/// code points past U+10FFFF included), or -1 when `bytes` is valid.
-int64_t find_invalid_utf8(std::string_view bytes);
-
 }  // namespace st::checkpoint

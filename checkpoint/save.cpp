@@ -16,6 +16,7 @@
 #include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "core/tasks.h"
 #include "core/test_hook.h"
 

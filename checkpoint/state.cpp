@@ -10,6 +10,7 @@
 #include "checkpoint/commit.h"
 #include "checkpoint/fs.h"
 #include "core/error.h"
+#include "core/file.h"
 
 namespace st::checkpoint {
 
@@ -98,7 +99,7 @@ TrainerState read_trainer_state(const fs::path& dir) {
   std::error_code ec;
   ST_CHECK(fs::is_regular_file(path, ec), "cannot read {} (is {} a checkpoint directory?)", path.string(),
            dir.string());
-  return parse_trainer_state(read_regular_file(path, "trainer state"), path.string());
+  return parse_trainer_state(read_file(path, "trainer state"), path.string());
 }
 
 std::optional<TrainerState> read_trainer_state_if_present(const fs::path& dir) {

@@ -23,6 +23,7 @@
 #include "checkpoint/fs.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "core/format.h"
 #include "core/tasks.h"
 
@@ -128,7 +129,7 @@ DType model_dtype_of(const std::optional<TrainerState>& state, const std::string
 }
 
 nlohmann::ordered_json read_json_object(const fs::path& path) {
-  const std::string text = read_regular_file(path, "JSON file");
+  const std::string text = read_file(path, "JSON file");
   nlohmann::ordered_json json;
   try {
     json = nlohmann::ordered_json::parse(text);

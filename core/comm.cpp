@@ -15,6 +15,8 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include "core/cli.h"
+
 namespace st {
 
 // --- Work ----------------------------------------------------------------------
@@ -362,6 +364,19 @@ void finalize_mpi_for_agreed_error() {
   if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized) return;
   if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
   MPI_Finalize();
+}
+
+AgreedErrors agreed_errors_of_job() {
+  AgreedErrors agreed;
+  agreed.reporter = [] {
+    try {
+      return detect_world().rank == 0;
+    } catch (const Error&) {
+      return true;  // a world it cannot read: report rather than stay silent
+    }
+  };
+  agreed.quiet_exit = finalize_mpi_for_agreed_error;
+  return agreed;
 }
 
 CommRuntime::~CommRuntime() {

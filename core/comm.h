@@ -19,6 +19,8 @@
 
 namespace st {
 
+struct AgreedErrors;  // core/cli.h
+
 class Watchdog;
 
 enum class ReduceOp : uint8_t { Sum, Avg, Max };
@@ -199,6 +201,11 @@ std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::stri
 /// rank 0 has written its line; an exit without MPI_Finalize would make
 /// mpirun end the job at once, rank 0 with it, sometimes before the line.
 void finalize_mpi_for_agreed_error();
+
+/// run_main's agreed-error mode for a program mpirun may start several times:
+/// rank 0 by the launcher's environment (detect_world, so it works before MPI
+/// starts) reports the error; the others finalize MPI and exit 0.
+AgreedErrors agreed_errors_of_job();
 
 /// Runs `f` on every rank of `group` and agrees on its outcome (collective):
 /// when it throws on any rank, every rank throws the same st::AgreedError

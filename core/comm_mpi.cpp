@@ -146,14 +146,6 @@ MPI_Datatype wire_type(DType dtype) {
   ST_FAIL("no MPI datatype for {}", dtype);
 }
 
-/// Byte ranges of a and b intersect (MPI forbids aliased send/receive buffers).
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  auto pa = reinterpret_cast<uintptr_t>(a.raw_data());
-  auto pb = reinterpret_cast<uintptr_t>(b.raw_data());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 /// An F32 copy of a BF16 tensor.
 Tensor upcast_bf16(const Tensor& t) {
   Tensor f = Tensor::empty({t.numel()}, DType::F32);
@@ -378,7 +370,7 @@ class MpiGroup final : public ProcessGroup {
     char* slot = static_cast<char*>(out.raw_data()) + static_cast<size_t>(rank_) * in.nbytes();
     if (n > 0 && send == slot) {
       send = MPI_IN_PLACE;  // FSDP gathers into a buffer whose own slot is the shard
-    } else if (overlaps(in, out)) {
+    } else if (memory_overlaps(in, out)) {
       Tensor copy = in.clone();
       work->keep(copy);
       send = copy.raw_data();
@@ -414,7 +406,7 @@ class MpiGroup final : public ProcessGroup {
       return Work(std::move(work));
     }
     const void* send = in.raw_data();
-    if (overlaps(in, out)) {
+    if (memory_overlaps(in, out)) {
       Tensor copy = in.clone();
       work->keep(copy);
       send = copy.raw_data();
@@ -488,7 +480,7 @@ class MpiGroup final : public ProcessGroup {
     fill_counts("send_counts", send_counts, ints.data(), ints.data() + n);
     fill_counts("recv_counts", recv_counts, ints.data() + 2 * n, ints.data() + 3 * n);
     const void* send = in.raw_data();
-    if (overlaps(in, out)) {
+    if (memory_overlaps(in, out)) {
       Tensor copy = in.clone();
       work->keep(copy);
       send = copy.raw_data();

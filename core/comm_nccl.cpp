@@ -224,14 +224,6 @@ ncclDataType_t nccl_type(DType dtype) {
   ST_FAIL("no NCCL datatype for {}", dtype);
 }
 
-/// Byte ranges of a and b intersect.
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  auto pa = reinterpret_cast<uintptr_t>(a.raw_data());
-  auto pb = reinterpret_cast<uintptr_t>(b.raw_data());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 uint16_t* bf16_ptr(const Tensor& t) { return static_cast<uint16_t*>(t.raw_data()); }
 float* f32_ptr(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
 uint32_t* u32_ptr(const Tensor& t) { return static_cast<uint32_t*>(t.raw_data()); }
@@ -293,7 +285,7 @@ class NcclGroup final : public ProcessGroup {
     const char* slot = static_cast<const char*>(out.raw_data()) + static_cast<size_t>(rank_) * in.nbytes();
     // NCCL gathers in place when the input is exactly this rank's slot (FSDP's
     // case); any other overlap would be overwritten mid-flight, so copy first.
-    if (in.raw_data() != slot && overlaps(in, out)) send = in.clone();
+    if (in.raw_data() != slot && memory_overlaps(in, out)) send = in.clone();
     return issue(describe("all_gather", in), {out, in, send}, Completion::OrderComputeStream,
                  [&](ncclComm_t comm, cudaStream_t stream) {
                    if (n == 0) return;
@@ -323,7 +315,7 @@ class NcclGroup final : public ProcessGroup {
     }
     Tensor send = in;
     const char* slot = static_cast<const char*>(in.raw_data()) + static_cast<size_t>(rank_) * out.nbytes();
-    if (out.raw_data() != slot && overlaps(in, out)) send = in.clone();
+    if (out.raw_data() != slot && memory_overlaps(in, out)) send = in.clone();
     return issue(std::move(what), {out, in, send}, Completion::OrderComputeStream,
                  [&](ncclComm_t comm, cudaStream_t stream) {
                    if (n == 0) return;
@@ -404,7 +396,7 @@ class NcclGroup final : public ProcessGroup {
     check_on_gpu("all_to_allv", "out", out);
     // Sends and receives of one group run concurrently, so an input that
     // shares bytes with the output is read from a copy.
-    Tensor send = overlaps(in, out) ? in.clone() : in;
+    Tensor send = memory_overlaps(in, out) ? in.clone() : in;
     const size_t width = dtype_size(in.dtype());
     const ncclDataType_t type = nccl_type(in.dtype());
     return issue(describe("all_to_allv", in), {out, in, send}, Completion::OrderComputeStream,

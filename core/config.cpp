@@ -14,6 +14,8 @@
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include "core/file.h"
+
 // The generic half of the configuration: every layer's visit_keys() lists its
 // keys once (dotted name, doc, field), and loading, --set, to_yaml(),
 // config_keys() and the section structure (which names are maps, which are
@@ -588,20 +590,16 @@ std::string read_config_file(const std::string& path) {
            "config file '{}' is {} ({} bytes), over the limit of {} bytes (1 MiB) for a config file; is --config "
            "the right file?",
            path, human_bytes(bytes), bytes, kMaxConfigBytes);
-  std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open config file '{}'", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  ST_CHECK(!in.bad(), "cannot read config file '{}'", path);
+  const std::string text = read_file(path, "config file");
   // A file with no settings is a mistake (a wrong path, a truncated copy), not a request for the defaults.
   bool has_content = false;
-  std::istringstream lines(text.str());
+  std::istringstream lines(text);
   for (std::string line; !has_content && std::getline(lines, line);) {
     const size_t first = line.find_first_not_of(" \t\r");
     has_content = first != std::string::npos && line[first] != '#' && line.compare(first, 3, "---") != 0;
   }
   ST_CHECK(has_content, "config file '{}' is empty (no settings, only blank lines or comments)", path);
-  return text.str();
+  return text;
 }
 
 std::string to_yaml(const Schema& schema) {

@@ -1,7 +1,5 @@
 #include "core/error.h"
 
-#include <cstdio>
-
 namespace st {
 
 namespace {
@@ -23,17 +21,5 @@ Error::Error(const std::string& message, const char* file, int line)
 namespace detail {
 void throw_error(const char* file, int line, const std::string& message) { throw Error(message, file, line); }
 }  // namespace detail
-
-int run_main(const char* program, const std::function<int()>& body) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", program, e.message().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: internal error: %s\n", program, e.what());
-    return 2;
-  }
-}
 
 }  // namespace st

@@ -1,11 +1,10 @@
 #pragma once
 // Errors. Library code throws st::Error through ST_CHECK (or the *_CHECK
-// wrappers around foreign APIs); main() catches what reaches it, prints one
+// wrappers around foreign APIs); main() catches what reaches it (run_main in core/cli.h), prints one
 // line and exits non-zero. Other catch sites (checkpoint/ turns a rank's
 // failure into a decision every rank shares, tools collect per-file
 // problems) catch only to report or agree, never to hide an error. Messages name what the user can fix: file, key,
 // tensor, rank.
-#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -48,11 +47,6 @@ std::string error_message_of(F&& f) {
   }
   return {};
 }
-
-/// The body of a one-process program's main(): returns what `body` returns;
-/// an st::Error prints "PROGRAM: error: MESSAGE" on stderr and returns 1,
-/// any other exception "PROGRAM: internal error: WHAT" and returns 2.
-int run_main(const char* program, const std::function<int()>& body);
 
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);

@@ -36,12 +36,7 @@ void check_same_numel(const char* op, const char* name_a, const Tensor& a, const
 }
 
 // True when the two tensors' bytes intersect (views of one storage).
-bool overlaps(const Tensor& x, const Tensor& y) {
-  if (!x.shares_storage_with(y) || x.nbytes() == 0 || y.nbytes() == 0) return false;
-  const char* xb = static_cast<const char*>(x.raw_data());
-  const char* yb = static_cast<const char*>(y.raw_data());
-  return xb < yb + y.nbytes() && yb < xb + x.nbytes();
-}
+bool overlaps(const Tensor& x, const Tensor& y) { return x.shares_storage_with(y) && memory_overlaps(x, y); }
 
 // Elementwise ops read element i before writing element i, so an output that
 // is exactly an input is fine; a shifted or reinterpreted overlap is not.

@@ -74,12 +74,7 @@ Device check_devices(const char* op, std::initializer_list<Arg> args) {
 }
 
 // True when the two tensors' bytes intersect (views of one storage).
-bool overlaps(const Tensor& x, const Tensor& y) {
-  if (!x.shares_storage_with(y) || x.nbytes() == 0 || y.nbytes() == 0) return false;
-  const char* xb = static_cast<const char*>(x.raw_data());
-  const char* yb = static_cast<const char*>(y.raw_data());
-  return xb < yb + y.nbytes() && yb < xb + x.nbytes();
-}
+bool overlaps(const Tensor& x, const Tensor& y) { return x.shares_storage_with(y) && memory_overlaps(x, y); }
 
 // An output written while `in` is still read elsewhere must not touch it.
 void check_no_overlap(const char* op, const Arg& out, const Arg& in) {

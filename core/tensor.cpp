@@ -199,4 +199,11 @@ std::string Tensor::str() const {
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
 
+bool memory_overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto pa = reinterpret_cast<uintptr_t>(a.raw_data());
+  const auto pb = reinterpret_cast<uintptr_t>(b.raw_data());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
 }  // namespace st

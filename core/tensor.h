@@ -103,4 +103,8 @@ class Tensor {
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
+/// Whether the bytes of `a` and `b` intersect (collectives copy an input that
+/// aliases its output: MPI and NCCL forbid overlapping send/receive buffers).
+bool memory_overlaps(const Tensor& a, const Tensor& b);
+
 }  // namespace st

@@ -27,7 +27,7 @@ ShardWriter::ShardWriter(fs::path dir, std::string split, int64_t shard_tokens, 
 
 ShardWriter::~ShardWriter() {
   if (out_.valid()) {  // an error before close(): drop the partial shard
-    out_ = checkpoint::UniqueFd();
+    out_ = UniqueFd();
     std::error_code ec;
     fs::remove(tmp_path(), ec);
   }
@@ -43,7 +43,7 @@ void ShardWriter::write(std::span<const int32_t> tokens) {
       std::memcpy(buffer_.data() + i * static_cast<size_t>(width_), &v,
                   static_cast<size_t>(width_));  // little-endian
     }
-    checkpoint::write_all(out_.get(), buffer_.data(), buffer_.size(), what());
+    write_all(out_.get(), buffer_.data(), buffer_.size(), what());
     in_shard_ += static_cast<int64_t>(n);
     total_ += static_cast<int64_t>(n);
     tokens = tokens.subspan(n);
@@ -54,9 +54,9 @@ void ShardWriter::write(std::span<const int32_t> tokens) {
 int64_t ShardWriter::close() {
   if (!out_.valid()) return shards_;
   const auto final_header = llmc_header(width_, in_shard_);
-  checkpoint::pwrite_all(out_.get(), final_header.data(), sizeof(final_header), 0, what());
+  pwrite_all(out_.get(), final_header.data(), sizeof(final_header), 0, what());
   out_.close_checked(tmp_path());
-  checkpoint::rename_path(tmp_path(), path());
+  rename_path(tmp_path(), path());
   ++shards_;
   in_shard_ = 0;
   return shards_;
@@ -75,10 +75,10 @@ void ShardWriter::open_next() {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   ST_CHECK(!ec, "cannot create '{}': {}", dir_.string(), ec.message());
-  out_ = checkpoint::UniqueFd(::open(tmp_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  ST_CHECK(out_.valid(), "cannot create shard '{}': {}", tmp_path().string(), checkpoint::errno_text());
+  out_ = UniqueFd(::open(tmp_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  ST_CHECK(out_.valid(), "cannot create shard '{}': {}", tmp_path().string(), errno_text());
   const auto placeholder = llmc_header(width_, 0);  // the count is written at close()
-  checkpoint::write_all(out_.get(), placeholder.data(), sizeof(placeholder), what());
+  write_all(out_.get(), placeholder.data(), sizeof(placeholder), what());
 }
 
 }  // namespace st::dataset

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/fs.h"
+#include "core/file.h"
 #include "dataset/dataset.h"
 
 namespace st::dataset {
@@ -46,7 +46,7 @@ class ShardWriter {
   std::string split_;
   int64_t shard_tokens_;
   int width_;
-  checkpoint::UniqueFd out_;
+  UniqueFd out_;
   std::vector<char> buffer_;
   int64_t in_shard_ = 0;
   int64_t shards_ = 0;

@@ -12,6 +12,7 @@
 #include <sentencepiece_trainer.h>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "core/format.h"
 #include "core/tasks.h"
 
@@ -136,12 +137,7 @@ std::string read_file(const std::string& path) {
   ST_CHECK(fs::exists(path, ec), "tokenizer '{}' does not exist", path);
   ST_CHECK(!fs::is_directory(path, ec), "tokenizer '{}' is a directory; expected a SentencePiece tokenizer.model",
            path);
-  std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open tokenizer '{}': {}", path, std::strerror(errno));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  ST_CHECK(!in.bad(), "cannot read tokenizer '{}': {}", path, std::strerror(errno));
-  return bytes.str();
+  return st::read_file(path, "tokenizer");
 }
 
 std::unique_ptr<spm::SentencePieceProcessor> processor_of(std::string_view proto, const std::string& path) {

@@ -7,12 +7,13 @@
 #include <string_view>
 
 #include "checkpoint/safetensors.h"
+#include "core/text.h"
 #include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace st;
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
-  (void)checkpoint::find_invalid_utf8(bytes);
+  (void)find_invalid_utf8(bytes);
 
   const std::filesystem::path path = fuzz::scratch_dir() / "model.safetensors";
   fuzz::write_file(path, bytes);

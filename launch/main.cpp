@@ -3,14 +3,14 @@
 //   trainer --config FILE [--set key=value]... [--steps N] [--print-config]
 //   mpirun -np 4 trainer --config configs/llama-tiny.yaml
 //
-// This is the only place that catches st::Error: it prints one line naming
-// the problem and exits non-zero.
+// run_main (core/cli.h) catches what reaches main: one line naming the
+// problem, a non-zero exit.
 #include <cstdio>
-#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "core/cli.h"
 #include "core/comm.h"
 #include "core/cpu/parallel.h"
 #include "core/cuda/cuda_runtime.h"
@@ -96,29 +96,8 @@ int run(const std::vector<std::string>& argv) {
 
 int main(int argc, char** argv) {
   st::cpu::use_short_openmp_spin(argv);
-  std::vector<std::string> args(argv + 1, argv + argc);
-  try {
-    return run(args);
-  } catch (const st::AgreedError& e) {
-    // The launcher's environment says which rank this is even when MPI never started.
-    bool first = true;
-    try {
-      first = st::detect_world().rank == 0;
-    } catch (const st::Error&) {
-    }
-    if (!first) {
-      // Rank 0 reports it and its exit status fails the job. Were this rank to
-      // exit first, mpirun would kill rank 0 before its line got out.
-      st::finalize_mpi_for_agreed_error();
-      return 0;
-    }
-    std::fprintf(stderr, "trainer: error: %s\n", e.message().c_str());
-    return 1;
-  } catch (const st::Error& e) {
-    std::fprintf(stderr, "trainer: error: %s\n", e.message().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "trainer: internal error: %s\n", e.what());
-    return 2;
-  }
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  // A bad config fails on every rank alike: rank 0 reports it (see agreed_errors_of_job).
+  return st::run_main(
+      "trainer", [&] { return run(args); }, st::agreed_errors_of_job());
 }

@@ -11,9 +11,9 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/commit.h"
-#include "checkpoint/fs.h"
 #include "checkpoint/node_local.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "dataset/dataset.h"
 #include "dataset/tokenizer.h"
 #include "models/hf_config.h"
@@ -178,11 +178,7 @@ std::vector<std::string> config_differences(const std::string& dir, const ModelC
   std::error_code ec;
   const auto differences = models::model_spec(m.name).hf_config_differences;
   if (!differences || !fs::is_regular_file(path, ec)) return {};
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  ST_CHECK(in.good() || in.eof(), "cannot read {}: {}", path.string(), checkpoint::errno_text());
-  return differences(text.str(), m, path.string());
+  return differences(read_file(path, "Hugging Face config"), m, path.string());
 }
 
 }  // namespace
@@ -225,7 +221,7 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
   // A unified save also holds the model weights for Hugging Face tools; a
   // resume reads the master weights instead, so it reads fewer bytes than were saved.
   log_.info0("resumed from {}{} (step {}, {} layout, saved by {} rank(s) with {}): {} read in {:.3f} s{}", path,
-             checkpoint::absolute_note(path), state.step, loaded.format, state.world_size,
+             absolute_note(path), state.step, loaded.format, state.world_size,
              state.sharding_strategy.empty() ? std::string("?") : state.sharding_strategy, read, loaded.seconds,
              loaded.skipped_model_weights ? " (model weights not read: master weights are)" : "");
   log_schedule_change(state, state.step);

@@ -15,10 +15,9 @@
 
 #include <unistd.h>
 
-#include "checkpoint/fs.h"
-#include "core/cpu/ops_cpu.h"
 #include "core/cpu/parallel.h"
 #include "core/cuda/cuda_runtime.h"
+#include "core/file.h"
 #include "core/format.h"
 #include "core/ops.h"
 #include "core/profile.h"
@@ -797,7 +796,7 @@ bool Trainer::refresh_plot() {
   const std::string& metrics = config_.logging.metrics_file;
   try {
     const metrics::PlotRun run{std::filesystem::path(metrics).stem().string(), metrics::read_metrics_file(metrics)};
-    checkpoint::write_file_atomic(metrics + ".svg", metrics::render_svg(std::span(&run, 1)));
+    write_file_atomic(metrics + ".svg", metrics::render_svg(std::span(&run, 1)));
     return true;
   } catch (const Error& e) {
     // Only rank 0 draws: throwing would leave the other ranks waiting in a collective.

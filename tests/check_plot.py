@@ -234,21 +234,22 @@ def check_errors(trainer, plot, full, tmp):
         ([plot, os.path.join(tmp, "missing.jsonl"), "-o", out], "does not exist"),
         ([plot, bad, "-o", out], f"{bad}:2: not a JSON object"),
         ([plot, empty, "-o", out], f"{empty}: no steps"),
-        ([plot, full], "no output file: give -o OUT.svg"),
-        ([plot, full, "-o", out, "--colour", "red"], "unknown option '--colour'"),
+        ([plot, full], "no output file: give -o OUT.svg", 2),
+        ([plot, full, "-o", out, "--colour", "red"], "unknown argument '--colour'", 2),
         ([plot, full, "-o", full], "is the metrics file"),
         ([plot, full, full, "-o", out], "two runs are named 'full'"),
         ([plot, negative, "-o", out, "--log-loss"], "a log loss axis needs losses > 0, but run 'negative'"),
         ([trainer, "--config", TINY, "--set", "logging.plot=true"], "'logging.plot'"),
     ]
-    for cmd, message in cases:
+    # Exit 1 for a bad input, 2 for a mistake on the command line.
+    for cmd, message, *code in cases:
         proc = run(cmd, expect_ok=False)
-        out_text = expect(proc, 1, message, what=" ".join(os.path.basename(c) for c in cmd))
+        out_text = expect(proc, code[0] if code else 1, message, what=" ".join(os.path.basename(c) for c in cmd))
         if len(proc.stderr.strip().splitlines()) != 1:
             fail(f"more than one error line: {out_text}")
     if "logging.metrics_file" not in run(cases[-1][0], expect_ok=False).stderr:
         fail("the logging.plot error does not name logging.metrics_file")
-    print(f"errors: {len(cases)} bad inputs, each one line and exit 1")
+    print(f"errors: {len(cases)} bad inputs, each one line and exit 1 (2 for the command line)")
 
 
 def main():

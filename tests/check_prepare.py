@@ -155,7 +155,7 @@ def check_shards(prepare, tmp):
           f"({len(val) / len(expected):.4f} of {len(expected):,})")
 
     out2 = os.path.join(tmp, "out2")
-    run(prepare_cmd(prepare, src, out2, "--tokenizer", model, "--val-fraction", "0.1", "--threads", "1"))
+    run(prepare_cmd(prepare, src, out2, "--tokenizer", model, "--val-fraction", "0.1", "--threads=1"))
     for split in ("train", "val"):
         for n in os.listdir(os.path.join(out1, split)):
             if open(os.path.join(out1, split, n), "rb").read() != open(os.path.join(out2, split, n), "rb").read():

@@ -323,10 +323,11 @@ def flip_byte(d, fqn):
     return file
 
 
-def expect_failure(proc, needles, what):
-    if proc.returncode != 1:
+def expect_failure(proc, needles, what, code=1):
+    """One stderr line names all of `needles`; exit `code` (2: a mistake on the command line)."""
+    if proc.returncode != code:
         sys.stderr.write(proc.stdout + proc.stderr)
-        fail(f"{what}: exit code {proc.returncode}, expected 1")
+        fail(f"{what}: exit code {proc.returncode}, expected {code}")
     lines = proc.stderr.splitlines()
     hit = [l for l in lines if all(n in l for n in needles)]
     if not hit:
@@ -551,15 +552,15 @@ def check_errors(env):
         print(f"errors: convert failing after its data files were written, at {np_ or 1} process(es): exit 1, "
               f"nothing left behind: {line}")
 
-    for args, needle in ((["convert", src, "--to", "hdf5", out], "--to hdf5"),
-                         (["convert", src, out], "--to"),
-                         (["inspect", os.path.join(env.tmp, "nowhere")], "nowhere"),
-                         (["frobnicate", src], "unknown command 'frobnicate'"),
-                         (["verify", src, "--bogus"], "--bogus")):
-        line = expect_failure(run(env.ckpt_cmd(*args), expect_ok=False), [needle], " ".join(args))
+    for args, needle, code in ((["convert", src, "--to", "hdf5", out], "--to hdf5", 2),
+                               (["convert", src, out], "--to", 2),
+                               (["inspect", os.path.join(env.tmp, "nowhere")], "nowhere", 1),
+                               (["frobnicate", src], "unknown command 'frobnicate'", 2),
+                               (["verify", src, "--bogus"], "--bogus", 2)):
+        line = expect_failure(run(env.ckpt_cmd(*args), expect_ok=False), [needle], " ".join(args), code)
         if len(run(env.ckpt_cmd(*args), expect_ok=False).stderr.splitlines()) != 1:
             fail(f"ckpt {' '.join(args)}: more than one line on stderr")
-        print(f"errors: ckpt {args[0]} ...: exit 1: {line}")
+        print(f"errors: ckpt {args[0]} ...: exit {code}: {line}")
 
 
 def main():

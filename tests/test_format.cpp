@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/cli.h"
 #include "core/error.h"
 #include "core/format.h"
 

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cpu/ops_cpu.h"
+#include "core/cpu/parallel.h"
 #include "core/cuda/cuda_runtime.h"
 #include "core/ops.h"
 #include "tests/test_util.h"

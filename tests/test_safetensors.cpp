@@ -16,6 +16,7 @@
 #include "checkpoint/checksum.h"
 #include "checkpoint/index.h"
 #include "checkpoint/safetensors.h"
+#include "core/text.h"
 #include "tests/test_util.h"
 
 namespace st::checkpoint {

@@ -8,16 +8,15 @@
 //   scripts/launch -np 4 build/ckpt convert DIR --to sharded OUT
 //
 // Exit codes: 0 success, 1 an error or a failed verification (one line per
-// problem on stderr), 2 an internal error. Only main() catches st::Error.
-#include <algorithm>
+// problem on stderr), 2 a usage or internal error (run_main, core/cli.h).
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "checkpoint/tool.h"
+#include "core/cli.h"
 #include "core/comm.h"
 #include "core/error.h"
 #include "models/hf_config.h"
@@ -40,74 +39,67 @@ struct CkptArgs {
   int threads = 4;                             // verify --threads N: files checked at once
 };
 
+/// What a command's flags and arguments fill in; `have_to` says whether --to was given.
+struct CommandLine {
+  CkptArgs& args;
+  std::vector<std::string> positional;
+  bool have_to = false;
+};
+
+/// The flags of one command.
+st::cli::Parser command_parser(CkptCommand command, CommandLine& line) {
+  CkptArgs& args = line.args;
+  switch (command) {
+    case CkptCommand::Inspect:
+      return std::move(st::cli::Parser("ckpt", "ckpt inspect DIR [--json]")
+                           .flag("--json", &args.json, "the same as one JSON object")
+                           .positionals("DIR", &line.positional));
+    case CkptCommand::Verify:
+      return std::move(st::cli::Parser("ckpt", "ckpt verify DIR [DIR2 ...] [--threads N]")
+                           .option("--threads", "N", &args.threads, "files checked at once (default 4)", 1, 999)
+                           .positionals("DIR", &line.positional));
+    case CkptCommand::Convert: break;
+  }
+  auto to = [&line](const std::string& value) {
+    const std::optional<Layout> layout = st::checkpoint::parse_layout(value);
+    ST_USAGE_CHECK(layout.has_value(), "--to {}: expected unified or sharded", value);
+    line.args.to = *layout;
+    line.have_to = true;
+  };
+  return std::move(st::cli::Parser("ckpt", "ckpt convert DIR --to unified|sharded OUT")
+                       .option("--to", "unified|sharded", to, "the layout to write")
+                       .positionals("DIR OUT", &line.positional));
+}
+
 std::string ckpt_usage() {
+  CkptArgs unused;
+  CommandLine line{unused, {}, false};
   return "usage: ckpt inspect DIR [--json]\n"
          "       ckpt verify DIR [DIR2 ...] [--threads N]\n"
          "       ckpt convert DIR --to unified|sharded OUT\n"
          "       scripts/launch -np K ckpt convert DIR --to unified|sharded OUT\n\n"
          "  DIR is a checkpoint directory (root/step-NNNNNN) or a checkpoint root (then the checkpoint\n"
          "  `trainer --resume auto` would load: the one `latest` names, or the newest complete one).\n\n"
-         "  inspect     format, step, world size at save, and every tensor's kind, shape, dtype and bytes\n"
-         "    --json    the same as one JSON object\n"
+         "  inspect     format, step, world size at save, and every tensor's kind, shape, dtype and bytes\n" +
+         command_parser(CkptCommand::Inspect, line).options_help(2) +
          "  verify      every file the COMPLETE marker lists is present with its size, the index covers\n"
          "              every tensor, and every stored chunk matches its CRC32C; exit 1 naming each problem\n"
          "              several DIRs: the hosts' parts of one checkpoint saved to node-local disks,\n"
-         "              each checked against its own COMPLETE marker and all together as one\n"
-         "    --threads N  files checked at once (default 4)\n"
+         "              each checked against its own COMPLETE marker and all together as one\n" +
+         command_parser(CkptCommand::Verify, line).options_help(2) +
          "  convert     rewrite the checkpoint in the other layout into OUT (which must not exist), with\n"
-         "              any number of processes; OUT is complete (COMPLETE marker) or absent\n";
+         "              any number of processes; OUT is complete (COMPLETE marker) or absent\n" +
+         command_parser(CkptCommand::Convert, line).options_help(2);
 }
-
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
 CkptCommand parse_command(const std::string& word) {
   if (word == "inspect") return CkptCommand::Inspect;
   if (word == "verify") return CkptCommand::Verify;
   if (word == "convert") return CkptCommand::Convert;
-  ST_FAIL("unknown command '{}': expected inspect, verify or convert (see --help)", word);
+  st::cli::usage_error(st::format("unknown command '{}': expected inspect, verify or convert (see --help)", word));
 }
 
-/// The arguments after the command: the options into `args`, the rest
-/// returned in order. `have_to` says whether --to was given.
-std::vector<std::string> parse_options(const std::vector<std::string>& argv, CkptArgs& args, bool& have_to) {
-  std::vector<std::string> positional;
-  for (size_t i = 1; i < argv.size(); ++i) {
-    std::string flag = argv[i];
-    std::optional<std::string> inline_value;  // --flag=value
-    if (auto eq = flag.find('='); flag.starts_with("--") && eq != std::string::npos) {
-      inline_value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    }
-    auto take_value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      ST_CHECK(i + 1 < argv.size(), "{} needs a value (see --help)", flag);
-      return argv[++i];
-    };
-    if (flag == "--help" || flag == "-h") {
-      args.help = true;
-    } else if (flag == "--json" && args.command == CkptCommand::Inspect) {
-      args.json = true;
-    } else if (flag == "--to" && args.command == CkptCommand::Convert) {
-      const std::string to = take_value();
-      const std::optional<Layout> layout = st::checkpoint::parse_layout(to);
-      ST_CHECK(layout.has_value(), "--to {}: expected unified or sharded", to);
-      args.to = *layout;
-      have_to = true;
-    } else if (flag == "--threads" && args.command == CkptCommand::Verify) {
-      const std::string n = take_value();
-      ST_CHECK(!n.empty() && n.size() < 4 && std::all_of(n.begin(), n.end(), is_digit) && std::stoi(n) > 0,
-               "--threads {}: expected a positive integer", n);
-      args.threads = std::stoi(n);
-    } else if (flag.starts_with("-") && flag != "-") {
-      ST_FAIL("unknown argument '{}' for ckpt {} (see --help)", argv[i], argv[0]);
-    } else {
-      positional.push_back(argv[i]);
-    }
-  }
-  return positional;
-}
-
-/// Parses argv (without the program name); throws st::Error naming the bad argument.
+/// Parses argv (without the program name); throws st::cli::UsageError naming the bad argument.
 CkptArgs parse_ckpt_args(const std::vector<std::string>& argv) {
   CkptArgs args;
   if (argv.empty() || argv[0] == "--help" || argv[0] == "-h" || argv[0] == "help") {
@@ -116,21 +108,23 @@ CkptArgs parse_ckpt_args(const std::vector<std::string>& argv) {
   }
   const std::string& command = argv[0];
   args.command = parse_command(command);
-  bool have_to = false;
-  const std::vector<std::string> positional = parse_options(argv, args, have_to);
+  CommandLine line{args, {}, false};
+  args.help = command_parser(args.command, line).parse({argv.begin() + 1, argv.end()});
   if (args.help) return args;
+  const std::vector<std::string>& positional = line.positional;
   if (args.command == CkptCommand::Convert) {
-    ST_CHECK(have_to, "ckpt convert needs --to unified|sharded");
-    ST_CHECK(positional.size() == 2, "ckpt convert needs DIR and OUT: ckpt convert DIR --to unified|sharded OUT");
+    ST_USAGE_CHECK(line.have_to, "ckpt convert needs --to unified|sharded");
+    ST_USAGE_CHECK(positional.size() == 2, "ckpt convert needs DIR and OUT: ckpt convert DIR --to unified|sharded OUT");
     args.dir = positional[0];
     args.out = positional[1];
   } else if (args.command == CkptCommand::Verify) {
-    ST_CHECK(!positional.empty(), "ckpt verify needs a checkpoint directory (or several: the hosts' parts of one)");
+    ST_USAGE_CHECK(!positional.empty(),
+                   "ckpt verify needs a checkpoint directory (or several: the hosts' parts of one)");
     args.dir = positional[0];
     args.parts = positional;
   } else {
-    ST_CHECK(positional.size() == 1, "ckpt {} needs exactly one checkpoint directory, got {}", command,
-             positional.size());
+    ST_USAGE_CHECK(positional.size() == 1, "ckpt {} needs exactly one checkpoint directory, got {}", command,
+                   positional.size());
     args.dir = positional[0];
   }
   return args;
@@ -185,21 +179,13 @@ int run(const std::vector<std::string>& argv, int& rank) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
+  const std::vector<std::string> args(argv + 1, argv + argc);
   int rank = 0;
-  try {
-    return run(args, rank);
-  } catch (const st::AgreedError& e) {
-    // Every rank failed alike: rank 0 reports it and fails the job. Another rank
-    // exiting non-zero first would make mpirun kill rank 0 before its line got out.
-    if (rank != 0) return 0;
-    std::fprintf(stderr, "ckpt: error: %s\n", e.message().c_str());
-    return 1;
-  } catch (const st::Error& e) {
-    std::fprintf(stderr, "ckpt: error: %s\n", e.message().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ckpt: internal error: %s\n", e.what());
-    return 2;
-  }
+  // Errors of a multi-process convert are agreed by all ranks: rank 0 reports
+  // them and fails the job; another rank exiting non-zero first would make
+  // mpirun kill rank 0 before its line got out.
+  st::AgreedErrors agreed;
+  agreed.reporter = [&rank] { return rank == 0; };
+  return st::run_main(
+      "ckpt", [&] { return run(args, rank); }, agreed);
 }

@@ -10,7 +10,8 @@
 // from the master weights when the checkpoint has them, else from model-*;
 // the model config comes from trainer_state.json's copy of the run's YAML,
 // else from config.json. Tokens stream to stdout; a tokens/s line goes to
-// stderr. Only main() catches st::Error: one line, exit 1.
+// stderr. Errors reach run_main (core/cli.h): one line, exit 1 (2 for a
+// mistake on the command line).
 #include "models/generate.h"
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -31,12 +33,13 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/commit.h"
-#include "checkpoint/fs.h"
 #include "checkpoint/index.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/state.h"
+#include "core/cli.h"
 #include "core/cpu/parallel.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "core/format.h"
 #include "dataset/tokenizer.h"
 #include "launch/config.h"
@@ -65,131 +68,65 @@ struct GenerateArgs {
   st::models::SampleOptions sample;   // --max-new-tokens, --temperature, --top-k, --top-p, --seed
 };
 
-std::string generate_usage() {
-  return "usage: generate --checkpoint DIR|auto --prompt TEXT [options]\n\n"
-         "  --checkpoint DIR   a checkpoint (unified or sharded, any world size), a checkpoint root (its newest\n"
-         "                     complete checkpoint) or a Hugging Face llama directory; `auto`: the newest\n"
-         "                     complete checkpoint under --root DIR, or under checkpoint.dir of --config FILE\n"
-         "  --prompt TEXT      the text to continue (at least one token, at most model.max_position_embeddings)\n"
-         "  --max-new-tokens N tokens to generate (default 64); generation stops early at the model's\n"
-         "                     max_position_embeddings tokens in all (a note says so) or at the tokenizer's EOS\n"
-         "  --temperature T    0: greedy; else sample from softmax(logits / T) (default 1.0)\n"
-         "  --top-k K          sample among the K most likely tokens; 0: all (default 0)\n"
-         "  --top-p P          sample among the fewest most likely tokens whose probability reaches P (default 0.9)\n"
-         "  --seed S           the sampler's seed: the same seed gives the same text (default 1234)\n"
-         "  --tokenizer FILE   a SentencePiece model to use instead of the checkpoint's tokenizer.model\n"
-         "                     (without either, ids are bytes: model.vocab_size must be 256)\n"
-         "  --threads N        CPU threads (default 0: the cores this process may use)\n"
-         "  --json             print one JSON object at the end (prompt_ids, ids, text, stop, tokens_per_s)\n"
-         "                     instead of streaming the text\n"
-         "  --logits FILE      also write the prompt's logits, one forward over all its positions, to FILE\n"
-         "                     (safetensors: logits F32 [T, vocab], input_ids I32 [T]) before generating\n";
-}
-
-int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
-  size_t used = 0;
-  int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  ST_CHECK(used == text.size() && used > 0 && value >= min, "{} {}: expected an integer >= {}", flag, text, min);
-  return value;
-}
-
-double parse_number(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  ST_CHECK(used == text.size() && used > 0, "{} {}: expected a number", flag, text);
-  return value;
-}
-
-// Sets the option `flag` (known to take a value) from `value`.
-void set_option(GenerateArgs& args, const std::string& flag, const std::string& value) {
+/// The flags, writing into `args`.
+st::cli::Parser generate_parser(GenerateArgs& args) {
   st::models::SampleOptions& s = args.sample;
-  if (flag == "--checkpoint")
-    args.checkpoint = value;
-  else if (flag == "--root")
-    args.root = value;
-  else if (flag == "--config")
-    args.config = value;
-  else if (flag == "--prompt")
-    args.prompt = value;
-  else if (flag == "--tokenizer")
-    args.tokenizer = value;
-  else if (flag == "--max-new-tokens")
-    s.max_new_tokens = parse_int(flag, value, 0);
-  else if (flag == "--temperature")
-    s.temperature = parse_number(flag, value);
-  else if (flag == "--top-k")
-    s.top_k = parse_int(flag, value, 0);
-  else if (flag == "--top-p")
-    s.top_p = parse_number(flag, value);
-  else if (flag == "--seed")
-    s.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
-  else if (flag == "--threads")
-    args.threads = static_cast<int>(parse_int(flag, value, 0));
-  else if (flag == "--logits")
-    args.logits = value;
-  else
-    ST_FAIL("unknown argument '{}' (see --help)", flag);
+  st::cli::Parser p("generate", "generate --checkpoint DIR|auto --prompt TEXT [options]");
+  p.option("--checkpoint", "DIR", &args.checkpoint,
+           "a checkpoint (unified or sharded, any world size), a checkpoint root (its newest\n"
+           "complete checkpoint) or a Hugging Face llama directory; `auto`: the newest\n"
+           "complete checkpoint under --root DIR, or under checkpoint.dir of --config FILE")
+      .option("--root", "DIR", &args.root, "where --checkpoint auto looks")
+      .option("--config", "FILE", &args.config, "--checkpoint auto looks in its checkpoint.dir")
+      .option("--prompt", "TEXT", &args.prompt,
+              "the text to continue (at least one token, at most model.max_position_embeddings)")
+      .option("--max-new-tokens", "N", &s.max_new_tokens,
+              "tokens to generate (default 64); generation stops early at the model's\n"
+              "max_position_embeddings tokens in all (a note says so) or at the tokenizer's EOS",
+              0)
+      .option("--temperature", "T", &s.temperature, "0: greedy; else sample from softmax(logits / T) (default 1.0)")
+      .option("--top-k", "K", &s.top_k, "sample among the K most likely tokens; 0: all (default 0)", 0)
+      .option("--top-p", "P", &s.top_p,
+              "sample among the fewest most likely tokens whose probability reaches P (default 0.9)")
+      .option(
+          "--seed", "S",
+          [&s](const std::string& v) { s.seed = static_cast<uint64_t>(st::cli::to_int("--seed", v, 0)); },
+          "the sampler's seed: the same seed gives the same text (default 1234)")
+      .option("--tokenizer", "FILE", &args.tokenizer,
+              "a SentencePiece model to use instead of the checkpoint's tokenizer.model\n"
+              "(without either, ids are bytes: model.vocab_size must be 256)")
+      .option("--threads", "N", &args.threads, "CPU threads (default 0: the cores this process may use)", 0,
+              std::numeric_limits<int>::max())
+      .flag("--json", &args.json,
+            "print one JSON object at the end (prompt_ids, ids, text, stop, tokens_per_s)\n"
+            "instead of streaming the text")
+      .option("--logits", "FILE", &args.logits,
+              "also write the prompt's logits, one forward over all its positions, to FILE\n"
+              "(safetensors: logits F32 [T, vocab], input_ids I32 [T]) before generating");
+  return p;
 }
 
-/// Parses argv (without the program name); throws st::Error naming the bad argument.
+/// Parses argv (without the program name); throws st::cli::UsageError naming the bad argument.
 GenerateArgs parse_generate_args(const std::vector<std::string>& argv) {
   GenerateArgs args;
   args.sample.top_p = 0.9;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    std::string flag = argv[i];
-    std::optional<std::string> value;  // --flag=value
-    if (auto eq = flag.find('='); flag.starts_with("--") && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    }
-    if (flag == "--help" || flag == "-h") {
-      args.help = true;
-    } else if (flag == "--json") {
-      args.json = true;
-    } else {
-      ST_CHECK(flag.starts_with("--"), "unexpected argument '{}' (see --help)", argv[i]);
-      if (!value) {
-        ST_CHECK(i + 1 < argv.size(), "{} needs a value (see --help)", flag);
-        value = argv[++i];
-      }
-      set_option(args, flag, *value);
-    }
-  }
+  args.help = generate_parser(args).parse(argv);
   if (args.help) return args;
   if (args.checkpoint.empty() && (!args.root.empty() || !args.config.empty())) args.checkpoint = "auto";
-  ST_CHECK(!args.checkpoint.empty(), "--checkpoint DIR|auto is required (see --help)");
-  ST_CHECK(args.prompt.has_value(), "--prompt TEXT is required (see --help)");
+  ST_USAGE_CHECK(!args.checkpoint.empty(), "--checkpoint DIR|auto is required (see --help)");
+  ST_USAGE_CHECK(args.prompt.has_value(), "--prompt TEXT is required (see --help)");
   try {
     args.sample.validate();
   } catch (const st::Error& e) {
     // The message starts with the field's name: "top_p 0: ..." -> "--top-p 0: ...".
     std::string message = e.message();
     std::replace(message.begin(), message.begin() + static_cast<std::ptrdiff_t>(message.find(' ')), '_', '-');
-    ST_FAIL("--{}", message);
+    st::cli::usage_error("--" + message);
   }
   return args;
 }
 
 // ---- the checkpoint ----------------------------------------------------------------
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open {}: {}", path.string(), st::checkpoint::errno_text());
-  std::stringstream text;
-  text << in.rdbuf();
-  ST_CHECK(in.good() || in.eof(), "cannot read {}: {}", path.string(), st::checkpoint::errno_text());
-  return text.str();
-}
 
 // `--checkpoint auto`: the newest complete checkpoint under --root, or under
 // checkpoint.dir of --config.
@@ -243,7 +180,7 @@ st::ModelConfig model_config_of(const std::string& dir) {
   }
   ST_CHECK(fs::is_regular_file(hf, ec), "{} has no model config: no config in trainer_state.json and no {}", dir,
            hf.string());
-  return st::models::hf_llama_model_config(read_text(hf), hf.string());
+  return st::models::hf_llama_model_config(st::read_file(hf, "Hugging Face config"), hf.string());
 }
 
 /// The tensors of `dir` that hold the weights: its master weights when it has
@@ -412,7 +349,8 @@ void report(const Result& r, const GenerateArgs& args, const st::ModelConfig& co
 int run(const std::vector<std::string>& argv) {
   const GenerateArgs args = parse_generate_args(argv);
   if (args.help) {
-    std::fputs(generate_usage().c_str(), stdout);
+    GenerateArgs unused;
+    std::fputs(generate_parser(unused).help().c_str(), stdout);
     return 0;
   }
   st::cpu::set_cpu_threads(args.threads > 0 ? args.threads : st::cpu::auto_cpu_threads(1));

@@ -9,8 +9,8 @@
 // input file is one document: BOS, its tokens, EOS (encode_document). The
 // output is the same for any --threads.
 //
-// Exit codes: 0 success, 1 an error (one line on stderr), 2 an internal error.
-// Only main() catches st::Error.
+// Exit codes: 0 success, 1 an error (one line on stderr), 2 a usage or
+// internal error (run_main, core/cli.h).
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -34,9 +34,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "checkpoint/fs.h"
+#include "core/cli.h"
+#include "core/cpu/parallel.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "core/format.h"
+#include "core/text.h"
 #include "dataset/dataset.h"
 #include "dataset/encoder.h"
 #include "dataset/mapped_file.h"
@@ -61,113 +64,67 @@ using st::dataset::Tokenizer;
 // Command line.
 
 struct PrepareArgs {
-  bool help = false;
   std::vector<std::string> inputs;  // files and directories (searched recursively)
   std::string out;                  // --out
   std::string tokenizer;            // --tokenizer PATH
   bool train_tokenizer = false;     // --train-tokenizer
   int64_t vocab_size = 0;           // --vocab-size (with --train-tokenizer)
   int64_t tokenizer_sentences = st::dataset::TokenizerTraining{}.max_sentences;  // --tokenizer-sentences
-  double val_fraction = 0.05;                                                    // --val-fraction
-  int threads = 0;                                                               // --threads; 0 = the host's cores
+  double val_fraction = 0.05;                                                   // --val-fraction
+  int threads = 0;                   // --threads; 0 = the cores of this process's affinity mask
   int64_t shard_tokens = 100000000;  // --shard-tokens: tokens per shard file (llm.c's size)
   bool overwrite = false;            // --overwrite
 };
 
-std::string prepare_usage() {
-  return "usage: prepare INPUT... --out DIR [--tokenizer PATH | --train-tokenizer --vocab-size N]\n"
-         "               [--val-fraction F] [--threads N] [--shard-tokens N] [--tokenizer-sentences N]\n"
-         "               [--overwrite]\n\n"
-         "  Encodes UTF-8 text files (INPUT: files, or directories searched recursively; files that are\n"
-         "  not UTF-8 text are skipped) into llm.c token shards for `data.kind: tokens`:\n"
-         "    DIR/train/train_000000.bin ...   data.path: DIR/train\n"
-         "    DIR/val/val_000000.bin ...       data.val_path: DIR/val\n"
-         "    DIR/tokenizer.model              data.tokenizer: DIR/tokenizer.model (model.vocab_size = its size)\n"
-         "  Each file is one document: BOS, its tokens, EOS. Shards hold uint16 tokens when the\n"
-         "  vocabulary fits in 65536 ids, else uint32.\n\n"
-         "  --tokenizer PATH      encode with this SentencePiece model (copied to DIR/tokenizer.model)\n"
-         "  --train-tokenizer     first train a SentencePiece BPE model with byte fallback (LLaMA's\n"
-         "                        settings) on the input, written to DIR/tokenizer.model\n"
-         "  --vocab-size N        its vocabulary (with --train-tokenizer; > 259)\n"
-         "  --tokenizer-sentences N  sentences (lines; long ones cut) sampled from the input to train it\n"
-         "                        (default 1000000)\n"
-         "  (neither: byte-level tokens, vocabulary 256)\n"
-         "  --val-fraction F      fraction of every piece of text's tokens (its end) kept for\n"
-         "                        validation, in [0, 1) (default 0.05; 0: no DIR/val)\n"
-         "  --threads N           encoding threads (default: the host's cores)\n"
-         "  --shard-tokens N      tokens per shard file (default 100000000)\n"
-         "  --overwrite           replace an earlier output in DIR (its shards and tokenizer.model;\n"
-         "                        nothing else is touched)\n";
+/// The flags, writing into `a`.
+st::cli::Parser prepare_parser(PrepareArgs& a) {
+  st::cli::Parser p("prepare",
+                    "prepare INPUT... --out DIR [--tokenizer PATH | --train-tokenizer --vocab-size N]\n"
+                    "               [--val-fraction F] [--threads N] [--shard-tokens N] [--tokenizer-sentences N]\n"
+                    "               [--overwrite]");
+  p.text(
+       "  Encodes UTF-8 text files (INPUT: files, or directories searched recursively; files that are\n"
+       "  not UTF-8 text are skipped) into llm.c token shards for `data.kind: tokens`:\n"
+       "    DIR/train/train_000000.bin ...   data.path: DIR/train\n"
+       "    DIR/val/val_000000.bin ...       data.val_path: DIR/val\n"
+       "    DIR/tokenizer.model              data.tokenizer: DIR/tokenizer.model (model.vocab_size = its size)\n"
+       "  Each file is one document: BOS, its tokens, EOS. Shards hold uint16 tokens when the\n"
+       "  vocabulary fits in 65536 ids, else uint32.\n")
+      .option("--out", "DIR", &a.out, "the output directory")
+      .option("--tokenizer", "PATH", &a.tokenizer,
+              "encode with this SentencePiece model (copied to DIR/tokenizer.model)")
+      .flag("--train-tokenizer", &a.train_tokenizer,
+            "first train a SentencePiece BPE model with byte fallback (LLaMA's\n"
+            "settings) on the input, written to DIR/tokenizer.model")
+      .option("--vocab-size", "N", &a.vocab_size, "its vocabulary (with --train-tokenizer; > 259)")
+      .option("--tokenizer-sentences", "N", &a.tokenizer_sentences,
+              "sentences (lines; long ones cut) sampled from the input to train it\n(default 1000000)")
+      .text("  (neither: byte-level tokens, vocabulary 256)")
+      .option("--val-fraction", "F", &a.val_fraction,
+              "fraction of every piece of text's tokens (its end) kept for\n"
+              "validation, in [0, 1) (default 0.05; 0: no DIR/val)")
+      .option("--threads", "N", &a.threads, "encoding threads (default: the cores this process may use)", 0, 4096)
+      .option("--shard-tokens", "N", &a.shard_tokens, "tokens per shard file (default 100000000)")
+      .flag("--overwrite", &a.overwrite,
+            "replace an earlier output in DIR (its shards and tokenizer.model;\n"
+            "nothing else is touched)")
+      .positionals("INPUT", &a.inputs)
+      .help_without_arguments();
+  return p;
 }
-
-// The value after `flag`, parsed by `parse`; errors name the flag.
-template <class T, class Parse>
-T flag_value(const std::vector<std::string>& argv, size_t& i, const std::string& flag, Parse parse) {
-  ST_CHECK(i + 1 < argv.size(), "{} needs a value", flag);
-  const std::string& text = argv[++i];
-  try {
-    size_t used = 0;
-    const T value = parse(text, used);
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
-  }
-  ST_FAIL("invalid value '{}' for {}", text, flag);
-}
-
-std::string string_of(const std::string& s, size_t& used) {
-  used = s.size();
-  return s;
-}
-int64_t int_of(const std::string& s, size_t& used) { return std::stoll(s, &used); }
-double double_of(const std::string& s, size_t& used) { return std::stod(s, &used); }
 
 void check_args(const PrepareArgs& a) {
-  ST_CHECK(!a.inputs.empty(), "no INPUT given (text files or directories)\n{}", prepare_usage());
-  ST_CHECK(!a.out.empty(), "--out DIR is required");
-  ST_CHECK(!(a.train_tokenizer && !a.tokenizer.empty()), "--tokenizer and --train-tokenizer exclude each other");
-  ST_CHECK(!a.train_tokenizer || a.vocab_size > 0, "--train-tokenizer needs --vocab-size N");
-  ST_CHECK(a.train_tokenizer || a.vocab_size == 0,
-           "--vocab-size is for --train-tokenizer (a given tokenizer has its own; byte-level has 256)");
-  ST_CHECK(a.val_fraction >= 0 && a.val_fraction < 1, "--val-fraction {} must be in [0, 1)", a.val_fraction);
-  ST_CHECK(a.threads >= 0 && a.threads <= 4096, "--threads {} must be in [0, 4096]", a.threads);
-  ST_CHECK(a.shard_tokens >= 1 && a.shard_tokens <= INT32_MAX,
-           "--shard-tokens {} must be in [1, {}] (an llm.c header counts tokens in an int32)", a.shard_tokens,
-           INT32_MAX);
-  ST_CHECK(a.tokenizer_sentences >= 1, "--tokenizer-sentences {} must be positive", a.tokenizer_sentences);
-}
-
-PrepareArgs parse_args(const std::vector<std::string>& argv) {
-  PrepareArgs a;
-  if (argv.empty()) a.help = true;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& arg = argv[i];
-    if (arg == "--help" || arg == "-h")
-      a.help = true;
-    else if (arg == "--out")
-      a.out = flag_value<std::string>(argv, i, arg, string_of);
-    else if (arg == "--tokenizer")
-      a.tokenizer = flag_value<std::string>(argv, i, arg, string_of);
-    else if (arg == "--train-tokenizer")
-      a.train_tokenizer = true;
-    else if (arg == "--vocab-size")
-      a.vocab_size = flag_value<int64_t>(argv, i, arg, int_of);
-    else if (arg == "--tokenizer-sentences")
-      a.tokenizer_sentences = flag_value<int64_t>(argv, i, arg, int_of);
-    else if (arg == "--val-fraction")
-      a.val_fraction = flag_value<double>(argv, i, arg, double_of);
-    else if (arg == "--threads")
-      a.threads = static_cast<int>(flag_value<int64_t>(argv, i, arg, int_of));
-    else if (arg == "--shard-tokens")
-      a.shard_tokens = flag_value<int64_t>(argv, i, arg, int_of);
-    else if (arg == "--overwrite")
-      a.overwrite = true;
-    else if (arg.starts_with("-") && arg != "-")
-      ST_FAIL("unknown option '{}' (see prepare --help)", arg);
-    else
-      a.inputs.push_back(arg);
-  }
-  if (!a.help) check_args(a);
-  return a;
+  ST_USAGE_CHECK(!a.inputs.empty(), "no INPUT given (text files or directories; see --help)");
+  ST_USAGE_CHECK(!a.out.empty(), "--out DIR is required");
+  ST_USAGE_CHECK(!(a.train_tokenizer && !a.tokenizer.empty()), "--tokenizer and --train-tokenizer exclude each other");
+  ST_USAGE_CHECK(!a.train_tokenizer || a.vocab_size > 0, "--train-tokenizer needs --vocab-size N");
+  ST_USAGE_CHECK(a.train_tokenizer || a.vocab_size == 0,
+                 "--vocab-size is for --train-tokenizer (a given tokenizer has its own; byte-level has 256)");
+  ST_USAGE_CHECK(a.val_fraction >= 0 && a.val_fraction < 1, "--val-fraction {} must be in [0, 1)", a.val_fraction);
+  ST_USAGE_CHECK(a.shard_tokens >= 1 && a.shard_tokens <= INT32_MAX,
+                 "--shard-tokens {} must be in [1, {}] (an llm.c header counts tokens in an int32)", a.shard_tokens,
+                 INT32_MAX);
+  ST_USAGE_CHECK(a.tokenizer_sentences >= 1, "--tokenizer-sentences {} must be positive", a.tokenizer_sentences);
 }
 
 // ---------------------------------------------------------------------------
@@ -195,28 +152,10 @@ struct Inputs {
   }
 };
 
-// Length of the UTF-8 sequence that starts with `lead`, 0 when it cannot start one.
-int utf8_length(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if (lead >= 0xc2 && lead <= 0xdf) return 2;
-  if (lead >= 0xe0 && lead <= 0xef) return 3;
-  if (lead >= 0xf0 && lead <= 0xf4) return 4;
-  return 0;
-}
-
-// Whether `bytes` is UTF-8 without NUL (a sequence cut by the end of the sample is allowed).
+// Whether `bytes` is UTF-8 without NUL (core/text.h's strict check; a
+// sequence cut by the end of the sample is allowed).
 bool is_utf8_text(std::string_view bytes) {
-  for (size_t i = 0; i < bytes.size();) {
-    const auto lead = static_cast<unsigned char>(bytes[i]);
-    const int n = utf8_length(lead);
-    if (lead == 0 || n == 0) return false;
-    for (int k = 1; k < n; ++k) {
-      if (i + static_cast<size_t>(k) >= bytes.size()) return true;
-      if ((static_cast<unsigned char>(bytes[i + static_cast<size_t>(k)]) & 0xc0) != 0x80) return false;
-    }
-    i += static_cast<size_t>(n);
-  }
-  return true;
+  return bytes.find('\0') == std::string_view::npos && st::find_invalid_utf8(bytes, st::Utf8End::MayBeCut) < 0;
 }
 
 // A file is text when its first 64 KiB are (the check `git` and `file` make, on a sample).
@@ -335,10 +274,10 @@ class LineReader {
         if (line.empty()) continue;
         return true;
       }
-      ST_CHECK(!in_.bad(), "cannot read '{}': {}", files_[file_ - 1].path.string(), st::checkpoint::errno_text());
+      ST_CHECK(!in_.bad(), "cannot read '{}': {}", files_[file_ - 1].path.string(), st::errno_text());
       if (file_ == files_.size()) return false;
       in_ = std::ifstream(files_[file_++].path, std::ios::binary);
-      ST_CHECK(in_.is_open(), "cannot open '{}': {}", files_[file_ - 1].path.string(), st::checkpoint::errno_text());
+      ST_CHECK(in_.is_open(), "cannot open '{}': {}", files_[file_ - 1].path.string(), st::errno_text());
     }
   }
 
@@ -362,7 +301,7 @@ Tokenizer train_on_inputs(const PrepareArgs& a, const Inputs& inputs, int thread
   const auto start = Clock::now();
   LineReader lines(inputs.files);
   const std::string model = st::dataset::train_tokenizer(options, [&](std::string& line) { return lines.next(line); });
-  st::checkpoint::write_file_atomic(model_path, model);
+  st::write_file_atomic(model_path, model);
   std::fprintf(stderr, "prepare: tokenizer trained in %.1f s: %s\n",
                std::chrono::duration<double>(Clock::now() - start).count(), model_path.string().c_str());
   return Tokenizer::load(model_path.string());
@@ -380,7 +319,7 @@ Tokenizer obtain_tokenizer(const PrepareArgs& a, const Inputs& inputs, int threa
   if (a.train_tokenizer) return train_on_inputs(a, inputs, threads, model_path);
   if (a.tokenizer.empty()) return Tokenizer::bytes();
   Tokenizer tokenizer = Tokenizer::load(a.tokenizer);
-  if (!same_file(a.tokenizer, model_path)) st::checkpoint::write_file_atomic(model_path, tokenizer.model_bytes());
+  if (!same_file(a.tokenizer, model_path)) st::write_file_atomic(model_path, tokenizer.model_bytes());
   return tokenizer;
 }
 
@@ -529,12 +468,12 @@ void print_summary(const PrepareArgs& a, const Inputs& inputs, const Tokenizer& 
 }
 
 int run(const std::vector<std::string>& argv) {
-  const PrepareArgs a = parse_args(argv);
-  if (a.help) {
-    std::fputs(prepare_usage().c_str(), stdout);
-    return 0;
-  }
-  const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  PrepareArgs a;
+  const st::cli::Parser parser = prepare_parser(a);
+  if (parser.parse_or_help(argv)) return 0;
+  check_args(a);
+  // The one thread-count rule: the cores of this process's affinity mask.
+  const int threads = a.threads > 0 ? a.threads : st::cpu::auto_cpu_threads(1);
   const Inputs inputs = find_inputs(a.inputs, a.out);
   const fs::path model_path = fs::path(a.out) / st::dataset::kTokenizerModelName;
   const bool writes_tokenizer = a.train_tokenizer || (!a.tokenizer.empty() && !same_file(a.tokenizer, model_path));

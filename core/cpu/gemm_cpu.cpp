@@ -14,6 +14,7 @@
 #include <Eigen/Core>
 
 #include "core/cpu/ops_cpu.h"
+#include "core/cpu/parallel.h"
 #include "core/format.h"
 
 #ifdef ST_WITH_DNNL

@@ -14,8 +14,6 @@ void gemm(const Tensor& a, ops::Transpose ta, const Tensor& b, ops::Transpose tb
 /// portable path, and the reference the tests hold the fast path to.
 void gemm_eigen(const Tensor& a, ops::Transpose ta, const Tensor& b, ops::Transpose tb, const Tensor& c, int64_t m,
                 int64_t n, int64_t k, float alpha, float beta);
-/// Which library gemm() runs: "oneDNN <version> (<isa>)" or "Eigen <version>".
-std::string gemm_backend();
 
 /// BF16 <-> F32 conversion of n elements (widening is exact; narrowing rounds
 /// to nearest even, as f32_to_bf16_bits).

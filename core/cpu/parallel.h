@@ -9,6 +9,7 @@
 // threads ran it.
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 namespace st::cpu {
 
@@ -23,6 +24,10 @@ int auto_cpu_threads(int local_ranks);
 /// Cores in this process's affinity mask, and online on the host.
 int affinity_cores();
 int host_cores();
+/// Which library runs the GEMMs on these threads: "oneDNN <version> (<isa>)"
+/// or "Eigen <version>" (for the trainer's and the benchmarks' logs; defined
+/// beside the GEMM in gemm_cpu.cpp).
+std::string gemm_backend();
 
 /// OpenMP threads that wait for work spin before they sleep. libgomp's
 /// default spin (300,000 rounds) is long enough that, on cores shared with

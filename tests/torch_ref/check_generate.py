@@ -256,10 +256,11 @@ def check_sharded(gen, trainer, tmp):
 
 # --- errors --------------------------------------------------------------------------
 
-def expect_error(gen, args, *parts):
+def expect_error(gen, args, *parts, code=1):
+    """An error line naming `parts`; exit `code` (2: a mistake on the command line)."""
     proc = run([gen] + args, expect_ok=False)
     line = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
-    if proc.returncode != 1 or not line.startswith("generate: error:") or not all(p in line for p in parts):
+    if proc.returncode != code or not line.startswith("generate: error:") or not all(p in line for p in parts):
         fail(f"{args}: exit {proc.returncode}, stderr {proc.stderr!r}; expected an error naming {parts}")
     print(f"errors: {line}")
 
@@ -282,9 +283,9 @@ def check_errors(gen, trainer, tmp):
     run(["spm_train", f"--input={FORTUNES[0]}", f"--model_prefix={tmp}/tok", "--vocab_size=300",
          "--model_type=unigram", "--minloglevel=2"])
     expect_error(gen, ["--checkpoint", step_dir, "--prompt", "a", "--tokenizer", f"{tmp}/tok.model"], "300", "256")
-    expect_error(gen, ["--checkpoint", step_dir, "--prompt", "a", "--top-p", "0"], "--top-p 0")
-    expect_error(gen, ["--checkpoint", step_dir, "--prompt", "a", "--temperature", "hot"], "--temperature hot")
-    expect_error(gen, ["--prompt", "a"], "--checkpoint")
+    expect_error(gen, ["--checkpoint", step_dir, "--prompt", "a", "--top-p", "0"], "--top-p 0", code=2)
+    expect_error(gen, ["--checkpoint", step_dir, "--prompt", "a", "--temperature", "hot"], "--temperature hot", code=2)
+    expect_error(gen, ["--prompt", "a"], "--checkpoint", code=2)
 
 
 CHECKS = {"greedy-torch": check_greedy_torch, "sharded": check_sharded, "errors": check_errors}
