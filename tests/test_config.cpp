@@ -691,8 +691,8 @@ TEST(Config, DocsMatchTheHeaderComments) {
   // The schema's doc strings are written a second time as comments in the
   // headers that declare the fields; this keeps the two copies identical.
   std::stringstream header;
-  for (const char* path :
-       {"models/config.h", "optim/config.h", "fsdp/config.h", "checkpoint/config.h", "launch/config.h"}) {
+  for (const char* path : {"models/config.h", "optim/config.h", "fsdp/config.h", "checkpoint/config.h",
+                           "dataset/config.h", "launch/config.h"}) {
     std::ifstream in(path);
     ASSERT_TRUE(in.good()) << path << ": run from the repository root";
     header << in.rdbuf();
