@@ -297,7 +297,7 @@ if [[ " $ONLY " == *" sanitize "* ]]; then
     local t rc=0
     for t in test_cuda_ops test_cuda_nn_ops; do
       "$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)" --tool memcheck \
-        --error-exitcode 9 "$BUILD_DIR/tests/$t" || rc=1
+        --error-exitcode 9 "$BUILD_DIR/tests/unit/$t" || rc=1
     done
     return $rc
   }

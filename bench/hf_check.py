@@ -18,7 +18,7 @@ machine's python3 has it) the script
     wrote from our forward, within an F32 bound;
   - compares a greedy continuation: transformers' model.generate against
     `generate --temperature 0`, and the decoded text of both tokenizers.
---reference local swaps transformers for tests/torch_ref/check_llama.py's
+--reference local swaps transformers for tests/reference/torch_llama.py's
 HF-structured model (PyTorch 1.13 is enough), to try this script where
 transformers is missing; the tokenizer checks are then skipped.
 
@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "torch_ref"))
-from check_hf_checkpoint import read_safetensors as read_tensors  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+from torch_llama import read_safetensors as read_tensors  # noqa: E402
 PROMPTS = [
     "The checkpoint is written by every rank",
     "To resume a run on another number of ranks,",
@@ -115,13 +115,13 @@ def load_transformers(step_dir, notes):
 
 
 def load_local(step_dir, notes):
-    from check_llama import LlamaForCausalLM
+    from torch_llama import LlamaForCausalLM
 
     with open(os.path.join(step_dir, "config.json")) as f:
         config = json.load(f)
     model = LlamaForCausalLM(config)
     model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in model_weights(step_dir).items()}, strict=True)
-    notes["model_class"] = "tests/torch_ref/check_llama.py LlamaForCausalLM"
+    notes["model_class"] = "tests/reference/torch_llama.py LlamaForCausalLM"
     notes["warnings"] = []
     return None, model.eval()
 

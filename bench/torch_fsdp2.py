@@ -102,7 +102,7 @@ def load_config(path, overrides):
 # Dense BF16 (tensor cores, FP32 accumulate) and plain FP32 peaks per GPU in
 # FLOP/s, keyed by substrings of the device name; the first match wins. The
 # same table, in the same order and with the same sources, as metrics/flops.cpp
-# (tests/test_flops.cpp checks that the two agree).
+# (tests/unit/test_flops.cpp checks that the two agree).
 PEAKS = [
     ("H100 NVL", 835e12, 60e12),
     ("H100 PCIe", 756e12, 51e12),

@@ -1,7 +1,7 @@
 #pragma once
 // checkpoint.*: where and how a run saves, and how it starts from saved state.
 //
-// One field per line with its doc comment: tests/test_config.cpp checks each
+// One field per line with its doc comment: tests/unit/test_config.cpp checks each
 // comment against the doc string in visit_keys(), so the layout is kept as written.
 #include <cstdint>
 #include <string>

@@ -1,7 +1,7 @@
 #pragma once
 // fsdp.*: how the model is sharded, wrapped into units, cast and recomputed.
 //
-// One field per line with its doc comment: tests/test_config.cpp checks each
+// One field per line with its doc comment: tests/unit/test_config.cpp checks each
 // comment against the doc string in visit_keys(), so the layout is kept as written.
 #include <cstdint>
 #include <span>

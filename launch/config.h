@@ -11,7 +11,7 @@
 // key with its type, default and doc; the README's configuration reference is
 // generated from it.
 //
-// One field per line with its doc comment: tests/test_config.cpp checks each
+// One field per line with its doc comment: tests/unit/test_config.cpp checks each
 // comment against the doc string in visit_keys(), so the layout is kept as written.
 #include <cstdint>
 #include <span>

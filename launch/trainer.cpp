@@ -752,7 +752,7 @@ void Trainer::save(int64_t done) {
 // Test hook: with ST_TEST_HOLD_STOP_SAVE=FILE in the environment, the save
 // that follows a stop signal says so (rank 0: "test hook: holding the stop's
 // save of step N until FILE exists") and waits, on every rank, until FILE
-// exists. tests/check_launch.py signals the launcher again there, so that the
+// exists. tests/e2e/check_launch.py signals the launcher again there, so that the
 // second signal is known to land during the save, whatever the machine's load.
 void Trainer::hold_stop_save_for_test(int64_t step) const {
   const char* file = std::getenv("ST_TEST_HOLD_STOP_SAVE");
@@ -764,7 +764,7 @@ void Trainer::hold_stop_save_for_test(int64_t step) const {
 // Test hook: with ST_TEST_HOLD_MICRO_BATCH=S in the environment, step S
 // stops after its first micro-batch (rank 0: "test hook: holding step S after
 // micro-batch 1 until a stop signal arrives") and every rank waits there until
-// it has received a stop signal. tests/check_preempt.py signals the launcher
+// it has received a stop signal. tests/e2e/check_preempt.py signals the launcher
 // on that line, so that the stop is known to land inside a step, between its
 // micro-batches, whatever the machine's load.
 void Trainer::hold_micro_batch_for_test(int64_t step) const {

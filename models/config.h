@@ -3,7 +3,7 @@
 // (models/model.h) decides which names exist and checks each model's own
 // keys; validate() asks it.
 //
-// One field per line with its doc comment: tests/test_config.cpp checks each
+// One field per line with its doc comment: tests/unit/test_config.cpp checks each
 // comment against the doc string in visit_keys(), so the layout is kept as written.
 #include <cstdint>
 #include <string>

@@ -33,7 +33,7 @@ class Model : public Module {
 /// only the FLOPs the model needs, never the ones recomputation adds, so that
 /// runs with and without activation checkpointing are compared on the same
 /// work. bench/torch_fsdp2.py implements the same formulas again for the
-/// PyTorch peer; tests/test_flops.cpp keeps the two in agreement.
+/// PyTorch peer; tests/unit/test_flops.cpp keeps the two in agreement.
 struct ModelFlops {
   int64_t params = 0;  // every parameter the model holds (a tied matrix once)
   // Parameters that take part in a matrix product for every token: each

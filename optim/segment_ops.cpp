@@ -1,6 +1,6 @@
 // Dispatcher for optim/segment_ops.h, with the CPU loops beside it: a GPU
 // segment goes to optim/cuda/, everything else runs here. The CUDA kernels
-// are these loops statement for statement (tests/test_cuda_ops.cpp compares
+// are these loops statement for statement (tests/unit/test_cuda_ops.cpp compares
 // them bit for bit).
 #include "optim/segment_ops.h"
 

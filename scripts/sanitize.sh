@@ -6,7 +6,9 @@
 #            (ST_SANITIZE=address,undefined), built with clang in build-asan/: every unit test and
 #            the tests labelled `asan` (multi-rank tests at 3-4 ranks, a
 #            trainer run saving in the background, stopped and resumed, the
-#            ckpt tool, prepare), i.e. ctest -L 'unit|asan'.
+#            ckpt tool, prepare, the trainer's command-line errors, the
+#            single-process reference comparisons, readme_config_keys),
+#            i.e. ctest -L 'unit|asan'.
 #   thread   ThreadSanitizer (ST_SANITIZE=thread) in build-tsan/: the tests
 #            labelled `tsan`, those of shardtrain's threads (OpenMP's pool of the
 #            CPU ops and GEMMs, the checkpoint I/O threads, the async save, the
@@ -17,8 +19,8 @@
 #   scripts/sanitize.sh thread                 # TSan selection
 #   scripts/sanitize.sh address -R test_commit # other ctest arguments replace the selection
 #
-# The labels and the TSan target list live beside the tests, at the end of
-# tests/CMakeLists.txt. A sanitizer report (memory error, leak, undefined
+# The asan and tsan labels live beside the tests, at the end of each
+# tests/*/CMakeLists.txt; the TSan target list at the end of tests/CMakeLists.txt. A sanitizer report (memory error, leak, undefined
 # behaviour, data race) ends the process, so its test fails, and is written
 # to <build>/sanitizer-reports/, so that it fails the script too when it came
 # from a process whose test expects it to fail (a bad input, a killed job);
@@ -86,18 +88,22 @@ cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"
 rm -rf "$reports"
 mkdir -p "$reports"
 cd "$build_dir"
-# Two passes. Tests that start MPI processes (labels mpi, train) run with
+# Two passes. Tests that start MPI processes (labels mpi, e2e, reference; the
+# reference tests that train first start mpirun) run with
 # fast_unwind_on_malloc=0: every allocation's stack is unwound with DWARF,
 # because Debian's Open MPI has no frame pointers and the fast unwinder stops
 # in its first frame, so no suppression could name the library MPI_Init leaks
 # from. That costs little there (a 4-rank trainer_selfcheck: 16 s instead of 9)
 # but 3 to 12 times the time in the allocation-heavy unit tests
 # (test_tokenizer 45 s instead of 3.6), which need no suppression and keep
-# the fast unwinder. ThreadSanitizer has one pass.
+# the fast unwinder. The single-process reference comparisons in the default
+# selection (torch_reference_llama, torch_reference_optim, safetensors_python,
+# flops_peer_python) run small programs and take the second pass with their
+# label. ThreadSanitizer has one pass.
 rc=0
 if [[ $mode == address ]]; then
-  ctest --output-on-failure -j "$jobs" "$@" -LE 'mpi|train' || rc=$?
-  ASAN_OPTIONS="fast_unwind_on_malloc=0:$ASAN_OPTIONS" ctest --output-on-failure -j "$jobs" "$@" -L 'mpi|train' || rc=$?
+  ctest --output-on-failure -j "$jobs" "$@" -LE 'mpi|e2e|reference' || rc=$?
+  ASAN_OPTIONS="fast_unwind_on_malloc=0:$ASAN_OPTIONS" ctest --output-on-failure -j "$jobs" "$@" -L 'mpi|e2e|reference' || rc=$?
 else
   ctest --output-on-failure -j "$jobs" "$@" || rc=$?
 fi

@@ -12,6 +12,8 @@
 #      threads), built in build-tsan/.
 # Arguments go to ctest, and then only stage 1 runs, e.g.
 #   scripts/test.sh -R comm        # only the collective tests
+#   scripts/test.sh -L unit        # one label: unit, mpi, e2e, reference, repo
+#                                  # (tests/README.md), or cuda, cluster, asan, tsan
 #   scripts/test.sh -L mpi         # only multi-rank tests
 #
 # Environment:

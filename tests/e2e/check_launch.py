@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""scripts/launch's failure handling, and environments that would split a job (standard library only).
+
+    check_launch.py TRAINER CHECK
+
+Every signal below is sent once the program has said it reached the phase to hit (a metrics line, a log
+line, the test hook ST_TEST_HOLD_STOP_SAVE), never after a delay; timeouts are hang guards only. CHECK is
+one of:
+  rank-killed      `kill -KILL` of rank 1 of 2 while training: the job ends (mpirun alone would wait
+                   2 x 120 s), the launcher exits 137 naming rank 1, its pid and "killed by SIGKILL — out of
+                   memory?", and no process of the job is left.
+  second-signal    SIGTERM to the launcher, and a second SIGTERM while the ranks hold at the start of the
+                   stop's save: the ranks save, the checkpoint is committed, the launcher exits 0.
+  launcher-killed  `kill -9` of the launcher while training: mpirun and every rank end (checked by pid),
+                   having saved the last step; the checkpoint.dir lock is free and the job's last lines
+                   still reach the launcher's stderr.
+  clean            good runs through the launcher exit 0 and print no line about /proc or from the launcher.
+  split            RANK=1 WORLD_SIZE=2, or SLURM_NTASKS=2 SLURM_PROCID=0, without an MPI world: the trainer
+                   exits 1 before doing anything, saying to launch through mpirun/srun; RANK=0 WORLD_SIZE=1
+                   still runs.
+Each check prints what it observed; a failure exits 1.
+"""
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import ROOT, check_main, fail, rank_pids  # noqa: E402
+
+LAUNCH = os.path.join(ROOT, "scripts", "launch")
+TINY = ["--config", "configs/llama-tiny.yaml", "--steps", "1000000", "--set", "logging.interval=1"]
+HANG_S = 240  # a hang guard: far above what any of these takes
+
+
+class Job:
+    """A command whose stderr is read as it comes, so a test can wait for a line."""
+
+    def __init__(self, cmd, env=None):
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=env)
+        self.err, self.out = [], []
+        self.cond = threading.Condition()
+        self.readers = [threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
+                        threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True)]
+        for r in self.readers:
+            r.start()
+
+    def _read(self, stream, lines):
+        for line in stream:
+            with self.cond:
+                lines.append(line)
+                self.cond.notify_all()
+
+    def wait_for_line(self, text):
+        """The first stderr line holding `text`; fails if the job ends or hangs first."""
+        deadline = time.time() + HANG_S
+        with self.cond:
+            while True:
+                hit = next((ln for ln in self.err if text in ln), None)
+                if hit is not None:
+                    return hit
+                if self.proc.poll() is not None and not any(r.is_alive() for r in self.readers):
+                    self.dump()
+                    fail(f"the job ended (exit {self.proc.returncode}) before it printed '{text}'")
+                if time.time() > deadline:
+                    self.proc.kill()
+                    fail(f"no '{text}' within {HANG_S} s (hang guard)")
+                self.cond.wait(0.5)
+
+    def finish(self):
+        """Waits for the launcher and for its output to end (every writer gone); returns stderr."""
+        try:
+            self.proc.wait(timeout=HANG_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            fail(f"the launcher did not end within {HANG_S} s (hang guard)")
+        for r in self.readers:
+            r.join(HANG_S)
+        return "".join(self.err)
+
+    def dump(self):
+        sys.stderr.write("".join(self.err)[-4000:])
+
+
+def wait_for_steps(metrics, n, job):
+    """Waits until the run has logged n steps to its metrics file."""
+    deadline = time.time() + HANG_S
+    while time.time() < deadline and job.proc.poll() is None:
+        if os.path.exists(metrics):
+            with open(metrics) as f:
+                if len(f.readlines()) >= n:
+                    return
+        time.sleep(0.05)
+    job.dump()
+    fail(f"the run did not log {n} steps (exit {job.proc.poll()})")
+
+
+def alive(pid):
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pids, what):
+    """Waits until none of `pids` runs; fails (killing them) if they outlive the hang guard."""
+    deadline = time.time() + HANG_S
+    while time.time() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    left = [p for p in pids if alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    if left:
+        fail(f"{what}: processes {left} still ran {HANG_S} s later")
+
+
+def children(pid, comm):
+    """The pids of `pid`'s children named `comm`."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if stat.split(" (", 1)[1].rsplit(")", 1)[0] == comm and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(name))
+    return out
+
+
+def latest_committed(root):
+    with open(os.path.join(root, "latest")) as f:
+        latest = f.read().strip()
+    return latest, os.path.exists(os.path.join(root, latest, "COMPLETE"))
+
+
+def check_rank_killed(trainer, tmp):
+    metrics = os.path.join(tmp, "killed.jsonl")
+    job = Job([LAUNCH, "-np", "2", trainer] + TINY + ["--set", f"logging.metrics_file={metrics}"])
+    wait_for_steps(metrics, 3, job)
+    pids = rank_pids(metrics)
+    if sorted(pids) != [0, 1]:
+        job.proc.kill()
+        fail(f"expected ranks 0 and 1, found {pids}")
+    os.kill(pids[1], signal.SIGKILL)
+    err = job.finish()
+    want = f"launch: rank 1 (pid {pids[1]} on host "
+    line = next((ln for ln in err.splitlines() if want in ln), "")
+    print(f"rank-killed: launcher exit {job.proc.returncode}: {line}")
+    if job.proc.returncode != 137 or "was killed by SIGKILL — out of memory?" not in line or \
+            "Ending the other ranks and mpirun, exit 137." not in line:
+        job.dump()
+        fail("SIGKILL of a rank should end the job with exit 137, naming rank 1, its pid and the signal")
+    wait_gone(list(pids.values()), "after the launcher ended")
+    print(f"rank-killed: ranks {sorted(pids.values())} are gone")
+
+
+def check_second_signal(trainer, tmp):
+    root = os.path.join(tmp, "ckpt")
+    metrics = os.path.join(tmp, "second.jsonl")
+    release = os.path.join(tmp, "release")
+    env = dict(os.environ, ST_TEST_HOLD_STOP_SAVE=release)
+    job = Job([LAUNCH, "-np", "2", trainer] + TINY +
+              ["--set", f"logging.metrics_file={metrics}", "--set", f"checkpoint.dir={root}",
+               "--set", "checkpoint.interval=0"], env)
+    wait_for_steps(metrics, 2, job)
+    job.proc.send_signal(signal.SIGTERM)
+    held = job.wait_for_line("test hook: holding the stop's save of step")
+    job.proc.send_signal(signal.SIGTERM)  # during the save
+    job.wait_for_line("launch: SIGTERM again")
+    open(release, "w").close()
+    err = job.finish()
+    step = int(held.split("save of step ")[1].split()[0])
+    latest, complete = latest_committed(root)
+    print(f"second-signal: held at step {step}; launcher exit {job.proc.returncode}; latest = {latest}, "
+          f"{'complete' if complete else 'INCOMPLETE'}")
+    for ln in err.splitlines():
+        if ln.startswith("launch:") or "stopped after" in ln:
+            print(f"  {ln.strip()}")
+    if job.proc.returncode != 0 or latest != f"step-{step:06d}" or not complete or \
+            f"stopped after step {step} of 1000000 (SIGUSR1)" not in err:
+        job.dump()
+        fail("a second SIGTERM during the save should still commit the checkpoint and exit 0")
+
+
+def check_launcher_killed(trainer, tmp):
+    root = os.path.join(tmp, "ckpt")
+    metrics = os.path.join(tmp, "orphan.jsonl")
+    job = Job([LAUNCH, "-np", "2", trainer] + TINY +
+              ["--set", f"logging.metrics_file={metrics}", "--set", f"checkpoint.dir={root}",
+               "--set", "checkpoint.interval=0"])
+    wait_for_steps(metrics, 3, job)
+    ranks = rank_pids(metrics)
+    mpirun = children(job.proc.pid, "mpirun")
+    if sorted(ranks) != [0, 1] or len(mpirun) != 1:
+        job.proc.kill()
+        fail(f"expected ranks 0 and 1 under one mpirun, found {ranks} and {mpirun}")
+    job.proc.send_signal(signal.SIGKILL)
+    wait_gone(list(ranks.values()) + mpirun, "after kill -9 of the launcher")
+    err = job.finish()
+    latest, complete = latest_committed(root)
+    with open(os.path.join(root, ".lock"), "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock = "free"
+        except OSError:
+            lock = "STILL HELD"
+    said = next((ln.strip() for ln in err.splitlines() if "launch-rank:" in ln), "")
+    print(f"launcher-killed: mpirun {mpirun} and ranks {sorted(ranks.values())} gone; latest = {latest} "
+          f"({'complete' if complete else 'INCOMPLETE'}); lock {lock}")
+    print(f"  {said}")
+    k = int(latest.split("-")[1]) if latest.startswith("step-") else -1
+    if f"launch-rank: scripts/launch (pid {job.proc.pid}) has died" not in said or not complete or \
+            lock != "free" or f"stopped after step {k} of 1000000 (SIGUSR1)" not in err:
+        job.dump()
+        fail("after kill -9 of the launcher the ranks should save, stop and free the lock, saying why")
+
+
+def check_clean(trainer, tmp):
+    for i in range(3):
+        proc = subprocess.run([LAUNCH, "-np", "2", trainer, "--config", "configs/toy.yaml", "--steps", "5"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
+        noise = [ln for ln in proc.stderr.splitlines() if "/proc/" in ln or ln.startswith("launch")]
+        print(f"clean: run {i + 1}: exit {proc.returncode}, {len(noise)} line(s) about /proc or from the launcher")
+        if proc.returncode != 0 or noise or "done: steps 1..5" not in proc.stderr:
+            sys.stderr.write(proc.stderr[-3000:])
+            fail(f"a good run should exit 0 without such lines: {noise}")
+
+
+def check_split(trainer, tmp):
+    launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("OMPI_", "PMI", "SLURM_")) and k not in launcher_vars}
+    for extra, who, n in (({"RANK": "1", "WORLD_SIZE": "2"}, "torchrun (WORLD_SIZE=2, RANK=1)", 2),
+                          ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0"}, "Slurm (SLURM_NTASKS=2, SLURM_PROCID=0)", 2)):
+        root = os.path.join(tmp, "split-" + "-".join(extra))
+        proc = subprocess.run([trainer, "--config", "configs/toy.yaml", "--set", f"checkpoint.dir={root}"],
+                              cwd=ROOT, capture_output=True, text=True, env=dict(base, **extra), timeout=HANG_S)
+        want = (f"trainer: error: this process was started as one of {n} processes by {who}, but there is no MPI "
+                f"world (none of OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMI_RANK or PMIX_RANK is set): each process "
+                f"would run alone, on the same files. Launch through MPI: scripts/launch -np {n} PROGRAM ... "
+                f"(mpirun), or srun --mpi=pmix")
+        print(f"split: {' '.join(f'{k}={v}' for k, v in extra.items())}: exit {proc.returncode}: "
+              f"{proc.stderr.strip()[:160]}")
+        if proc.returncode != 1 or proc.stderr.strip() != want or proc.stdout or os.path.exists(root):
+            sys.stderr.write(proc.stdout + proc.stderr)
+            fail(f"expected exit 1, nothing done (no {root}) and exactly: {want}")
+    proc = subprocess.run([trainer, "--config", "configs/toy.yaml", "--steps", "3"], cwd=ROOT, capture_output=True,
+                          text=True, env=dict(base, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"), timeout=HANG_S)
+    print(f"split: RANK=0 WORLD_SIZE=1 LOCAL_RANK=0: exit {proc.returncode}")
+    if proc.returncode != 0 or "1 rank(s) (local backend)" not in proc.stderr:
+        sys.stderr.write(proc.stderr[-3000:])
+        fail("a one-process torchrun environment should run")
+
+
+def main():
+    check_main({"rank-killed": check_rank_killed, "second-signal": check_second_signal,
+                "launcher-killed": check_launcher_killed, "clean": check_clean, "split": check_split})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""End-to-end checks of `trainer` runs (standard library only).
+
+    check_training.py TRAINER CHECK
+
+CHECK is one of:
+  toy         the toy model's loss after 50 steps is at most TOY_RATIO of its first loss
+  text        llama-tiny on a text file: the mean loss of its last 10 steps is below the
+              file's unigram byte entropy (what a model that ignores context can reach)
+  dp          data parallel: -np 2 and -np 1 with the same global batch give losses
+              equal within 1e-5 relative over 10 steps
+  bad-input   an unknown model name, a tokens file of the wrong size and a batch
+              that does not divide world x micro-batch fail with a clear message
+  fsdp-default  -np 4 with configs/llama-tiny.yaml trains with FULL_SHARD, BF16 and
+              recomputation (as the log says) and the loss falls
+  fsdp-bad-input  a shard_group_size that does not divide the world, an unknown module
+              type in the wrap list and an unknown strategy fail with a clear message
+  gpu         llama-tiny, 20 steps, on the GPU vs on the CPU with the same config: per-step
+              losses agree within GPU_BF16_BOUND (BF16 params, the default) and
+              GPU_F32_BOUND (F32 params) relative
+  gpu-mpi     several ranks sharing one GPU through the MPI backend (device tensors staged
+              through host memory): FULL_SHARD at 2 and 4 ranks vs NO_SHARD at 1 rank, F32,
+              within 1e-5 relative per step, as the CPU FSDP equivalence
+Each check prints what it measured; a failure exits 1. The gpu checks exit 77
+(CTest's skip) when no GPU is visible.
+"""
+import collections
+import json
+import math
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import SKIP, TEXT, check_main, fail, mpirun, run  # noqa: E402
+
+# The toy bound, stated here and in the README. Measured on the CI machine
+# kind: 0.696 -> 0.072 (ratio 0.10) in 50 steps, so 0.5 leaves room for
+# harmless numeric changes but not for a broken gradient.
+TOY_RATIO = 0.5
+# GPU vs CPU: the same rounding rules (BF16 storage, F32 math) but another
+# summation order in GEMMs and reductions. The CPU FSDP tests measure BF16 vs
+# F32 at <= 7.5e-5 per step over 10 steps; GPU vs CPU in BF16 sees order
+# effects of the same size compounded over 20 steps, so the bound is set at
+# 5e-3, still far below what a wrong kernel does (1e-2 and more after a step).
+# Not yet measured on a GPU (no GPU session so far): confirm and tighten.
+GPU_BF16_BOUND = 5e-3
+GPU_F32_BOUND = 1e-4
+
+
+def gpu_visible():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+def losses(trainer, config, sets, np=None, tmp="."):
+    metrics = os.path.join(tmp, f"metrics-{np}-{len(sets)}.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    cmd = [trainer, "--config", config, "--set", f"logging.metrics_file={metrics}"]
+    for s in sets:
+        cmd += ["--set", s]
+    run((mpirun(np) if np else []) + cmd)
+    with open(metrics) as f:
+        rows = [json.loads(line) for line in f]
+    # Models without tokens (the toy) report samples/s only.
+    rate = "samples_per_s" if "toy" in config else "tokens_per_s"
+    for key in ("step", "loss", "lr", "grad_norm", rate, "samples_per_s", "elapsed_s", "peak_bytes"):
+        if key not in rows[0]:
+            fail(f"metrics file lacks key '{key}'")
+    if "toy" in config and "tokens_per_s" in rows[0]:
+        fail("the toy model has no tokens, but its metrics report tokens_per_s")
+    return [r["loss"] for r in rows]
+
+
+def check_toy(trainer, tmp):
+    ls = losses(trainer, "configs/toy.yaml", ["train.steps=50"], tmp=tmp)
+    print(f"toy: loss {ls[0]:.5f} -> {ls[-1]:.5f} after {len(ls)} steps (ratio {ls[-1] / ls[0]:.3f}, bound {TOY_RATIO})")
+    if len(ls) != 50 or not ls[-1] <= TOY_RATIO * ls[0]:
+        fail("toy loss did not fall enough")
+
+
+def unigram_entropy(path):
+    data = open(path, "rb").read()
+    counts = collections.Counter(data)
+    return -sum(c / len(data) * math.log(c / len(data)) for c in counts.values())
+
+
+def check_text(trainer, tmp):
+    ls = losses(trainer, "configs/llama-tiny.yaml", ["data.kind=text", f"data.path={TEXT}"], tmp=tmp)
+    bound = unigram_entropy(TEXT)
+    tail = sum(ls[-10:]) / len(ls[-10:])
+    print(f"text: loss {ls[0]:.4f} -> {ls[-1]:.4f} nats after {len(ls)} steps; mean of the last 10 {tail:.4f} "
+          f"< unigram entropy {bound:.4f} (uniform {math.log(256):.4f})")
+    if len(ls) < 10 or not tail < bound:
+        fail("llama-tiny did not learn more than byte frequencies")
+
+
+def check_dp(trainer, tmp):
+    sets = ["train.steps=10"]
+    one = losses(trainer, "configs/llama-tiny.yaml", sets, np=1, tmp=tmp)
+    two = losses(trainer, "configs/llama-tiny.yaml", sets, np=2, tmp=tmp)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(one, two))
+    print(f"dp: np1 {one[0]:.6f}..{one[-1]:.6f}, np2 {two[0]:.6f}..{two[-1]:.6f}, max relative difference {worst:.2e}")
+    if len(one) != 10 or len(two) != 10 or worst > 1e-5:
+        fail("np 2 and np 1 losses differ")
+
+
+def expect_error(cmd, text):
+    proc = run(cmd, expect_ok=False)
+    if proc.returncode == 0 or text not in proc.stderr:
+        sys.stderr.write(proc.stderr)
+        fail(f"expected a non-zero exit and '{text}' from: {' '.join(cmd)}")
+    line = next(l for l in proc.stderr.splitlines() if text in l)
+    print(f"ok: exit {proc.returncode}: {line.strip()}")
+
+
+def check_bad_input(trainer, tmp):
+    expect_error([trainer, "--config", "configs/llama-tiny.yaml", "--set", "model.name=gpt"], "model.name")
+    bad = os.path.join(tmp, "odd.bin")
+    with open(bad, "wb") as f:
+        f.write(bytes(1001))
+    expect_error([trainer, "--config", "configs/llama-tiny.yaml", "--set", "data.kind=tokens", "--set",
+                  "data.token_format=headerless", "--set", f"data.path={bad}"], "not a multiple of 2")
+    expect_error([trainer, "--config", "configs/llama-tiny.yaml", "--set", "data.kind=tokens", "--set",
+                  f"data.path={bad}"], f"tokens file '{bad}' is not an llm.c shard: it starts with 0 instead of")
+    expect_error(mpirun(2) + [trainer, "--config", "configs/llama-tiny.yaml", "--set",
+                              "train.global_batch_size=13"], "train.global_batch_size (13) must be divisible")
+
+
+def check_fsdp_default(trainer, tmp):
+    metrics = os.path.join(tmp, "m.jsonl")
+    proc = run(mpirun(4) + [trainer, "--config", "configs/llama-tiny.yaml", "--set", f"logging.metrics_file={metrics}"])
+    want = "4 rank(s), FULL_SHARD (shard groups of 4), param_dtype bf16, reduce_dtype f32, recomputed layers 2"
+    if want not in proc.stderr:
+        fail(f"the log does not say: {want}")
+    with open(metrics) as f:
+        ls = [json.loads(line)["loss"] for line in f]
+    print(f"fsdp-default: {want}; loss {ls[0]:.4f} -> {ls[-1]:.4f} over {len(ls)} steps")
+    if not ls[-1] < ls[0] - 1.0:
+        fail("the loss did not fall by at least 1 nat")
+
+
+def check_fsdp_bad_input(trainer, tmp):
+    expect_error(mpirun(4) + [trainer, "--config", "configs/llama-tiny.yaml", "--set",
+                              "fsdp.sharding_strategy=HYBRID_SHARD", "--set", "fsdp.shard_group_size=3"],
+                 "fsdp.shard_group_size (3) must divide the world size (4)")
+    expect_error([trainer, "--config", "configs/llama-tiny.yaml", "--set", "fsdp.auto_wrap.module_types=[Decoder]"],
+                 "no module of type 'Decoder'")
+    expect_error([trainer, "--config", "configs/llama-tiny.yaml", "--set", "fsdp.sharding_strategy=ZERO3"],
+                 "expected one of FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD")
+
+
+def max_rel_diff(a, b):
+    if len(a) != len(b):
+        fail(f"runs logged {len(a)} and {len(b)} steps")
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def check_gpu(trainer, tmp):
+    if not gpu_visible():
+        print("gpu: no GPU visible (nvidia-smi -L failed); skipped")
+        sys.exit(SKIP)
+    common = ["train.steps=20", "logging.interval=1"]
+    for dtype, bound in (("bf16", GPU_BF16_BOUND), ("f32", GPU_F32_BOUND)):
+        sets = common + [f"fsdp.mixed_precision.param_dtype={dtype}"]
+        cpu = losses(trainer, "configs/llama-tiny.yaml", sets + ["train.device=cpu"], tmp=tmp)
+        gpu = losses(trainer, "configs/llama-tiny.yaml", sets + ["train.device=cuda"], tmp=tmp)
+        err = max_rel_diff(gpu, cpu)
+        print(f"gpu: llama-tiny {dtype}, 20 steps: loss {gpu[0]:.4f} -> {gpu[-1]:.4f} on the GPU, "
+              f"{cpu[0]:.4f} -> {cpu[-1]:.4f} on the CPU; max relative difference {err:.2e} (bound {bound})")
+        if not err < bound:
+            fail(f"{dtype}: the GPU run left the CPU run's losses")
+
+
+def check_gpu_mpi(trainer, tmp):
+    if not gpu_visible():
+        print("gpu-mpi: no GPU visible (nvidia-smi -L failed); skipped")
+        sys.exit(SKIP)
+    sets = ["train.steps=10", "logging.interval=1", "train.device=cuda", "fsdp.mixed_precision.param_dtype=f32",
+            "train.global_batch_size=8", "train.micro_batch_size=1"]
+    ref = losses(trainer, "configs/llama-tiny.yaml", sets + ["fsdp.sharding_strategy=NO_SHARD"], np=1, tmp=tmp)
+    for np in (2, 4):
+        got = losses(trainer, "configs/llama-tiny.yaml", sets + ["fsdp.sharding_strategy=FULL_SHARD"], np=np, tmp=tmp)
+        err = max_rel_diff(got, ref)
+        print(f"gpu-mpi: {np} ranks on one GPU, FULL_SHARD vs 1 rank NO_SHARD: max relative difference {err:.2e}")
+        if not err < 1e-5:
+            fail(f"{np} ranks on one GPU do not match one rank")
+
+
+def main():
+    check_main({"toy": check_toy, "text": check_text, "dp": check_dp, "bad-input": check_bad_input,
+                "fsdp-default": check_fsdp_default, "fsdp-bad-input": check_fsdp_bad_input, "gpu": check_gpu,
+                "gpu-mpi": check_gpu_mpi})
+
+
+if __name__ == "__main__":
+    main()
