@@ -154,7 +154,7 @@ std::string sharded_index_text(int world_size,
 // still read, without the whole-file checksums.
 
 /// Name of the marker file inside a committed checkpoint directory.
-inline constexpr std::string_view complete_marker_name = "COMPLETE";
+inline constexpr std::string_view kCompleteMarkerName = "COMPLETE";
 /// Empty when `dir` holds a complete checkpoint of `step`: a COMPLETE marker
 /// that is intact (its CRC32C matches), names `step`, and lists files that all
 /// exist with the listed sizes and, for the files it lists with a checksum,
