@@ -1,5 +1,5 @@
 #pragma once
-// Crash-safe commit of a checkpoint directory (DESIGN.md, "Checkpoint directory").
+// Crash-safe commit of a checkpoint directory (docs/DESIGN.md, "Commit").
 //
 // A save writes into root/.tmp-step-NNNNNN-<pid>; commit() fsyncs the files,
 // writes a COMPLETE marker (the only thing that makes a checkpoint complete),

@@ -1,7 +1,7 @@
 #pragma once
 // The names and indexes of a checkpoint directory: the two layouts, the file
 // and key names of each, the JSON indexes that list every stored chunk, and
-// the Catalog a loader reads them into (DESIGN.md, "Checkpoint directory").
+// the Catalog a loader reads them into (docs/DESIGN.md, "The checkpoint directory").
 //
 // Unified layout (Layout::Unified), N = number of ranks that own tensors of a family:
 //   model-0000k-of-0000N.safetensors + model.safetensors.index.json
