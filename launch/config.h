@@ -8,7 +8,7 @@
 // The YAML keys are the field names, nested by section
 // ("fsdp.mixed_precision.param_dtype"). Loading is strict (core/config.h); `--set
 // key=value` overrides go through the same parser. config_keys() lists every
-// key with its type, default and doc; the README's configuration reference is
+// key with its type, default and doc; docs/configuration.md's reference is
 // generated from it.
 //
 // One field per line with its doc comment: tests/test_config.cpp checks each
@@ -122,7 +122,7 @@ struct Config {
 /// Every key of every section, with its full dotted name, in to_yaml() order.
 void visit_keys(Config& c, const KeyVisitor& v);
 
-/// Every key, for help text and the README reference.
+/// Every key, for help text and docs/configuration.md.
 std::vector<ConfigKeyDoc> config_keys();
 
 /// Loads `path`, applies `overrides` ("key=value", later wins), validates.
