@@ -61,9 +61,9 @@ std::string step_dir_name(int64_t step) {
 }
 
 std::optional<int64_t> parse_step_dir_name(std::string_view name) {
-  constexpr std::string_view prefix = "step-";
-  if (!name.starts_with(prefix)) return std::nullopt;
-  std::string_view digits = name.substr(prefix.size());
+  constexpr std::string_view kStepPrefix = "step-";
+  if (!name.starts_with(kStepPrefix)) return std::nullopt;
+  std::string_view digits = name.substr(kStepPrefix.size());
   // 18 digits cannot overflow int64_t; longer names are not ours.
   if (digits.size() < 6 || digits.size() > 18) return std::nullopt;
   int64_t step = 0;
