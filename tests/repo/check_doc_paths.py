@@ -33,8 +33,17 @@ import tokenize
 
 ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", ".."))
 
-# Paths under source folders that are outputs or local caches, never committed.
-ALLOWED = [re.compile(p) for p in (r"^tests/__pycache__(/|$)", r"^bench/out(/|$)")]
+# Outputs and local caches that examples name, never committed: checked only
+# if their first folder is a source folder too, so they are listed here.
+ALLOWED = [
+    re.compile(p)
+    for p in (
+        r"^tests/__pycache__(/|$)",
+        r"^bench/out(/|$)",  # bench/*.sh write their results here
+        r"^data/fortunes(/|$)",  # the tutorial's and prepare's output
+        r"^(runs|ckpt|build[^/]*)(/|$)",  # run, checkpoint and build directories
+    )
+]
 
 CPP = (".h", ".hpp", ".cpp", ".cc", ".c", ".cu", ".cuh")
 HASH = (".py", ".sh", ".cmake", ".yaml", ".yml", ".txt")
