@@ -3,7 +3,7 @@
 # eager PyTorch (bench/torch_llama_cpu.py, Debian's python3-torch with
 # OpenBLAS) on m8 and stories15m (bench/configs/), F32 and BF16, without and
 # with activation checkpointing, at 1 process (all cores) and at 2 ranks; plus
-# the large-GEMM peak of both libraries (bench/gemm_peak, torch.matmul), so
+# the large-GEMM peak of both libraries (bench/gemm_peak.cpp, torch.matmul), so
 # every row shows tokens/s, ours / peer and the fraction of the peak.
 #
 #   bench/cpu_bench.sh                        # ~15 min on a 2-core machine; table at the end

@@ -34,7 +34,7 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep) {
 // What `latest` names now, for messages about a save that did not commit.
 std::string latest_note(const std::string& root) {
   // read_small_file: `latest` may be damaged, huge or a FIFO; this message must not block.
-  const std::optional<std::string> text = read_small_file(fs::path(root) / latest_file_name, nullptr);
+  const std::optional<std::string> text = read_small_file(fs::path(root) / kLatestFileName, nullptr);
   const std::string name = text ? trim_space(*text) : std::string();
   if (!name.empty() && name.find_first_of(" \t\r\n") == std::string::npos) return format("latest still names {}", name);
   return "no checkpoint was committed before";
@@ -149,8 +149,8 @@ void Saver::finish_in_flight() {
   run_on_every_rank(group_, [&] {
     if (!owns_root()) return;
     const fs::path dir = f->pending->path();
-    write_file_synced(dir / trainer_state_file_name, trainer_state_text(f->state));
-    files.emplace_back(trainer_state_file_name);
+    write_file_synced(dir / kTrainerStateFileName, trainer_state_text(f->state));
+    files.emplace_back(kTrainerStateFileName);
     for (const ExtraFile& x : f->extra) {
       write_file_synced(dir / x.name, x.text);
       files.push_back(x.name);

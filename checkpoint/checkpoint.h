@@ -2,7 +2,7 @@
 // The checkpoint subsystem's front door: saving StateEntry lists in either
 // layout (index.h describes the files) and loading either layout, or a plain
 // Hugging Face model directory, into any partition of the same tensors
-// (DESIGN.md, "Checkpoint directory").
+// (docs/DESIGN.md, "The life of a checkpoint").
 //
 // A save sends no tensor data between ranks: every rank writes the pieces it
 // holds straight into the files that hold their tensors (save.h). Pieces

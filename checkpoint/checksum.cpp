@@ -166,9 +166,9 @@ uint32_t crc32c_hardware(std::span<const std::byte> data, uint32_t crc) {
 
 uint32_t crc32c(std::span<const std::byte> data, uint32_t crc) {
   // The CPU cannot change under a running process, so decide once.
-  [[maybe_unused]] static const bool hardware = crc32c_hardware_available();
+  [[maybe_unused]] static const bool kHardware = crc32c_hardware_available();
 #if defined(__x86_64__)
-  if (hardware) return crc32c_sse42(data.data(), data.size(), crc);
+  if (kHardware) return crc32c_sse42(data.data(), data.size(), crc);
 #endif
   return crc32c_software(data, crc);
 }

@@ -25,13 +25,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::array<std::string_view, 13> stage_names = {
+constexpr std::array<std::string_view, 13> kStageNames = {
     "temp_created",      "commit_begin",   "files_synced", "marker_written",   "marker_synced",
     "temp_dir_synced",   "renamed",        "root_synced",  "old_step_removed", "latest_tmp_written",
     "latest_tmp_synced", "latest_renamed", "committed"};
 
-constexpr std::string_view latest_tmp_name = ".latest.tmp";
-constexpr std::string_view tmp_prefix = ".tmp-";
+constexpr std::string_view kLatestTmpName = ".latest.tmp";
+constexpr std::string_view kTmpPrefix = ".tmp-";
 
 void remove_tree(const fs::path& path) {
   std::error_code ec;
@@ -40,21 +40,21 @@ void remove_tree(const fs::path& path) {
 }
 
 std::optional<int64_t> latest_step(const fs::path& root) {
-  auto text = read_small_file(root / latest_file_name);
+  auto text = read_small_file(root / kLatestFileName);
   if (!text) return std::nullopt;
   return parse_step_dir_name(trim_space(*text));
 }
 
 }  // namespace
 
-std::span<const std::string_view> commit_stages() { return stage_names; }
+std::span<const std::string_view> commit_stages() { return kStageNames; }
 
 PendingCheckpoint::PendingCheckpoint(fs::path root, int64_t step, CommitHook hook)
     : root_(std::move(root)), step_(step), hook_(std::move(hook)) {
   std::error_code ec;
   fs::create_directories(root_, ec);
   ST_CHECK(!ec, "cannot create checkpoint directory {}: {}", root_.string(), ec.message());
-  fs::path tmp = root_ / format("{}{}-{}", tmp_prefix, step_dir_name(step), ::getpid());
+  fs::path tmp = root_ / format("{}{}-{}", kTmpPrefix, step_dir_name(step), ::getpid());
   // Same name means same pid: a previous process that died before cleaning up.
   remove_tree(tmp);
   ST_CHECK(::mkdir(tmp.c_str(), 0755) == 0, "cannot create {}: {}", tmp.string(), errno_text());
@@ -100,7 +100,7 @@ fs::path PendingCheckpoint::move_into_place() const {
   if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) return path_;
   ST_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP, "cannot exchange {} with {}: {}", path_.string(),
            target.string(), errno_text());
-  const fs::path old_copy = root_ / format("{}replaced-{}-{}", tmp_prefix, step_dir_name(step_), ::getpid());
+  const fs::path old_copy = root_ / format("{}replaced-{}-{}", kTmpPrefix, step_dir_name(step_), ::getpid());
   remove_tree(old_copy);
   rename_path(target, old_copy);
   rename_path(path_, target);
@@ -114,7 +114,7 @@ void PendingCheckpoint::publish(const std::vector<std::string>& files_written,
 
   const std::string marker = complete_marker_text(path_, step_, files_written, elsewhere);
   stage("files_synced");
-  write_file_synced(path_ / complete_marker_name, marker, [&] { stage("marker_written"); });
+  write_file_synced(path_ / kCompleteMarkerName, marker, [&] { stage("marker_written"); });
   stage("marker_synced");
   // The directory entries (files and marker) must be durable before the rename
   // publishes them; otherwise a power loss could leave a step dir without them.
@@ -149,14 +149,14 @@ void PendingCheckpoint::point_latest() {
       return;
     }
   }
-  fs::path latest_tmp = root_ / latest_tmp_name;
+  fs::path latest_tmp = root_ / kLatestTmpName;
   write_file_synced(latest_tmp, step_dir_name(step_) + "\n", [&] { stage("latest_tmp_written"); });
   stage("latest_tmp_synced");
   // rename() replaces a file, a FIFO or a symlink, but not a directory: one in
   // the way (a user's mistake) is moved aside, never deleted.
-  const fs::path latest = root_ / latest_file_name;
+  const fs::path latest = root_ / kLatestFileName;
   if (std::error_code lstat_ec; fs::is_directory(fs::symlink_status(latest, lstat_ec)))
-    rename_path(latest, root_ / format("{}.not-a-file-{}", latest_file_name, ::getpid()));
+    rename_path(latest, root_ / format("{}.not-a-file-{}", kLatestFileName, ::getpid()));
   rename_path(latest_tmp, latest);
   stage("latest_renamed");
   fsync_path(root_, PathKind::Directory);
@@ -182,11 +182,11 @@ RootView view_root(const fs::path& root, std::string host) {
   RootView view;
   view.host = std::move(host);
   std::string problem;
-  if (auto text = read_small_file(root / latest_file_name, &problem)) {
+  if (auto text = read_small_file(root / kLatestFileName, &problem)) {
     view.latest = parse_step_dir_name(trim_space(*text));
     if (!view.latest)
       view.latest_problem =
-          format("{} holds '{}', not a step-NNNNNN name", (root / latest_file_name).string(), trim_space(*text));
+          format("{} holds '{}', not a step-NNNNNN name", (root / kLatestFileName).string(), trim_space(*text));
   } else {
     view.latest_problem = problem;
   }
@@ -222,8 +222,8 @@ ResolvedDir resolve_checkpoint_dir(const std::string& path) {
   std::error_code ec;
   ST_CHECK(fs::is_directory(path, ec), "{} is not a directory", path);
   const fs::path dir(path);
-  bool is_root = fs::exists(fs::symlink_status(dir / latest_file_name, ec));
-  if (!is_root && !fs::exists(dir / trainer_state_file_name, ec) && !fs::exists(dir / complete_marker_name, ec)) {
+  bool is_root = fs::exists(fs::symlink_status(dir / kLatestFileName, ec));
+  if (!is_root && !fs::exists(dir / kTrainerStateFileName, ec) && !fs::exists(dir / kCompleteMarkerName, ec)) {
     // No checkpoint of its own: a root when it holds step directories.
     for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
       if (parse_step_dir_name(entry.path().filename().string())) {
@@ -281,7 +281,7 @@ void remove_debris(const fs::path& root) {
   ST_CHECK(!ec, "cannot list checkpoint directory {}: {}", root.string(), ec.message());
   for (const fs::directory_entry& entry : it) {
     std::string name = entry.path().filename().string();
-    if (name.starts_with(tmp_prefix) && !name.ends_with(own_suffix)) debris.push_back(entry.path());
+    if (name.starts_with(kTmpPrefix) && !name.ends_with(own_suffix)) debris.push_back(entry.path());
   }
   for (const fs::path& path : debris) remove_tree(path);
 }
@@ -289,7 +289,7 @@ void remove_debris(const fs::path& root) {
 // Renamed out of the step-* namespace first, so that a crash mid-delete
 // leaves .tmp debris rather than a half-deleted step directory.
 void delete_step(const fs::path& root, int64_t step) {
-  fs::path doomed = root / format("{}retired-{}-{}", tmp_prefix, step_dir_name(step), ::getpid());
+  fs::path doomed = root / format("{}retired-{}-{}", kTmpPrefix, step_dir_name(step), ::getpid());
   remove_tree(doomed);
   rename_path(root / step_dir_name(step), doomed);
   remove_tree(doomed);

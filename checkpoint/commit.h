@@ -1,5 +1,5 @@
 #pragma once
-// Crash-safe commit of a checkpoint directory (DESIGN.md, "Checkpoint directory").
+// Crash-safe commit of a checkpoint directory (docs/DESIGN.md, "Commit").
 //
 // A save writes into root/.tmp-step-NNNNNN-<pid>; commit() fsyncs the files,
 // writes a COMPLETE marker (the only thing that makes a checkpoint complete),
@@ -29,9 +29,9 @@
 namespace st::checkpoint {
 
 /// Name of the file in the root that names the checkpoint to resume from.
-inline constexpr std::string_view latest_file_name = "latest";
+inline constexpr std::string_view kLatestFileName = "latest";
 /// Name of the file inside a checkpoint directory that holds the trainer's state.
-inline constexpr std::string_view trainer_state_file_name = "trainer_state.json";
+inline constexpr std::string_view kTrainerStateFileName = "trainer_state.json";
 
 /// Called with the name of each stage of a commit as it is reached (see
 /// commit_stages()). For crash tests: a child process kills itself at a chosen

@@ -58,7 +58,7 @@ DirectoryLock::DirectoryLock(const fs::path& root) {
   std::error_code ec;
   fs::create_directories(root, ec);
   ST_CHECK(!ec, "'{}'{} cannot be created: {}", root.string(), absolute_note(root), creation_problem(root, ec));
-  const fs::path path = root / lock_file_name;
+  const fs::path path = root / kLockFileName;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   ST_CHECK(fd_ >= 0, "cannot open the lock file '{}': {}", path.string(), errno_text(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -161,7 +161,7 @@ fs::path move_checkpoints_aside(const fs::path& root) {
   fs::create_directory(aside, ec);
   ST_CHECK(!ec, "cannot create '{}': {}", aside.string(), ec.message());
   std::vector<std::string> names = step_dirs(root);
-  if (fs::exists(fs::symlink_status(root / latest_file_name))) names.emplace_back(latest_file_name);
+  if (fs::exists(fs::symlink_status(root / kLatestFileName))) names.emplace_back(kLatestFileName);
   for (const std::string& name : names) {
     fs::rename(root / name, aside / name, ec);
     ST_CHECK(!ec, "cannot move '{}' to '{}': {}", (root / name).string(), aside.string(), ec.message());
@@ -197,7 +197,7 @@ RunRoot open_run_root(const std::string& dir, SharedStorage shared, bool fresh, 
     if (!fresh) return;
     const std::vector<std::string> steps = step_dirs(dir);
     std::error_code ec;
-    if (steps.empty() && !fs::exists(fs::symlink_status(fs::path(dir) / latest_file_name, ec))) return;
+    if (steps.empty() && !fs::exists(fs::symlink_status(fs::path(dir) / kLatestFileName, ec))) return;
     if (overwrite) {
       const fs::path aside = move_checkpoints_aside(dir);
       log.info("--overwrite: moved {} checkpoint(s) of the earlier run in {}{} to {}; starting from step 0",
@@ -208,7 +208,7 @@ RunRoot open_run_root(const std::string& dir, SharedStorage shared, bool fresh, 
         "checkpoint.dir '{}'{}{} already holds checkpoints (the newest is {}); a new run there would mix with "
         "them. Continue that run with --resume auto, start over with --overwrite (moves them aside, deletes "
         "nothing), or choose another checkpoint.dir",
-        dir, absolute_note(dir), where, steps.empty() ? std::string(latest_file_name) : steps.back());
+        dir, absolute_note(dir), where, steps.empty() ? std::string(kLatestFileName) : steps.back());
   });
   return out;
 }

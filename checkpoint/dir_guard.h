@@ -16,7 +16,7 @@
 namespace st::checkpoint {
 
 /// Name of the lock file inside a checkpoint root.
-inline constexpr std::string_view lock_file_name = ".lock";
+inline constexpr std::string_view kLockFileName = ".lock";
 
 /// An exclusive advisory lock (flock) on root/.lock, held for the life of the
 /// object. The file records the holder ("pid N host H"), which is what a second

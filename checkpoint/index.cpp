@@ -62,9 +62,9 @@ std::string step_dir_name(int64_t step) {
 }
 
 std::optional<int64_t> parse_step_dir_name(std::string_view name) {
-  constexpr std::string_view prefix = "step-";
-  if (!name.starts_with(prefix)) return std::nullopt;
-  std::string_view digits = name.substr(prefix.size());
+  constexpr std::string_view kStepPrefix = "step-";
+  if (!name.starts_with(kStepPrefix)) return std::nullopt;
+  std::string_view digits = name.substr(kStepPrefix.size());
   // 18 digits cannot overflow int64_t; longer names are not ours.
   if (digits.size() < 6 || digits.size() > 18) return std::nullopt;
   int64_t step = 0;
@@ -324,7 +324,7 @@ Catalog read_catalog(const std::string& dir) {
 
 namespace {
 
-constexpr std::string_view marker_header = "shardtrain checkpoint";
+constexpr std::string_view kMarkerHeader = "shardtrain checkpoint";
 
 std::string crc_hex(std::string_view text) {
   char buf[16];
@@ -336,10 +336,10 @@ std::string crc_hex(std::string_view text) {
 /// file with its size; each file is fsynced first, so the marker never vouches
 /// for data that is not yet durable.
 std::string marker_body(const fs::path& dir, int64_t step, const std::vector<std::string>& files_written) {
-  std::string marker = format("{}\nstep {}\n", marker_header, step);
+  std::string marker = format("{}\nstep {}\n", kMarkerHeader, step);
   for (const std::string& name : files_written) {
     ST_CHECK(!name.empty() && name.find_first_of("/\n") == std::string::npos && name != "." && name != ".." &&
-                 name != complete_marker_name,
+                 name != kCompleteMarkerName,
              "checkpoint file name '{}' must be a plain file name inside {}", name, dir.string());
     fs::path file = dir / name;
     std::error_code ec;
@@ -389,10 +389,10 @@ bool add_marker_line(const std::string& line, CompleteMarker& out) {
 CompleteMarker read_complete_marker(const fs::path& dir) {
   CompleteMarker out;
   std::string problem;
-  auto marker = read_small_file(dir / complete_marker_name, &problem);
+  auto marker = read_small_file(dir / kCompleteMarkerName, &problem);
   if (!marker) {
     std::error_code missing;
-    out.problem = fs::exists(fs::symlink_status(dir / complete_marker_name, missing))
+    out.problem = fs::exists(fs::symlink_status(dir / kCompleteMarkerName, missing))
                       ? "COMPLETE marker unusable: " + problem
                       : "missing COMPLETE marker";
     return out;
@@ -409,7 +409,7 @@ CompleteMarker read_complete_marker(const fs::path& dir) {
   }
   std::istringstream in(text.substr(0, crc_at));
   std::string line;
-  if (!std::getline(in, line) || line != marker_header) {
+  if (!std::getline(in, line) || line != kMarkerHeader) {
     out.problem = "COMPLETE marker has no header";
     return out;
   }
@@ -446,7 +446,7 @@ std::string complete_marker_text(const fs::path& dir, int64_t step, const std::v
 }
 
 void write_complete_marker(const fs::path& dir, int64_t step, const std::vector<std::string>& files_written) {
-  write_file_synced(dir / complete_marker_name, complete_marker_text(dir, step, files_written), {});
+  write_file_synced(dir / kCompleteMarkerName, complete_marker_text(dir, step, files_written), {});
   fsync_path(dir, PathKind::Directory);
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // The names and indexes of a checkpoint directory: the two layouts, the file
 // and key names of each, the JSON indexes that list every stored chunk, and
-// the Catalog a loader reads them into (DESIGN.md, "Checkpoint directory").
+// the Catalog a loader reads them into (docs/DESIGN.md, "The checkpoint directory").
 //
 // Unified layout (Layout::Unified), N = number of ranks that own tensors of a family:
 //   model-0000k-of-0000N.safetensors + model.safetensors.index.json
@@ -154,7 +154,7 @@ std::string sharded_index_text(int world_size,
 // still read, without the whole-file checksums.
 
 /// Name of the marker file inside a committed checkpoint directory.
-inline constexpr std::string_view complete_marker_name = "COMPLETE";
+inline constexpr std::string_view kCompleteMarkerName = "COMPLETE";
 /// Empty when `dir` holds a complete checkpoint of `step`: a COMPLETE marker
 /// that is intact (its CRC32C matches), names `step`, and lists files that all
 /// exist with the listed sizes and, for the files it lists with a checksum,

@@ -27,12 +27,12 @@ constexpr uintmax_t kMaxSmallFile = uintmax_t{16} << 20;
 constexpr uint64_t kMaxHeader = uint64_t{100} << 20;
 
 std::string to_hex(std::string_view bytes) {
-  static constexpr char digits[] = "0123456789abcdef";
+  static constexpr char kHexDigits[] = "0123456789abcdef";
   std::string out;
   out.reserve(bytes.size() * 2);
   for (unsigned char c : bytes) {
-    out += digits[c >> 4];
-    out += digits[c & 15];
+    out += kHexDigits[c >> 4];
+    out += kHexDigits[c & 15];
   }
   return out;
 }

@@ -258,7 +258,7 @@ namespace {
 
 // The directory this rank lists: the root, or the test hook's path for the rank it names.
 fs::path listed_root(const fs::path& root, int rank) {
-  const char* hook = std::getenv(resume_view_hook_env);
+  const char* hook = std::getenv(kResumeViewHookEnv);
   if (hook == nullptr) return root;
   const std::string_view text(hook);
   const size_t colon = text.find(':');

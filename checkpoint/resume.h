@@ -30,7 +30,7 @@ namespace st::checkpoint {
 /// Test hook (environment): "RANK:PATH" makes rank RANK's view list PATH
 /// instead of the root, e.g. to give one rank a different set of step
 /// directories, as node-local disks would. Production runs never set it.
-inline constexpr const char* resume_view_hook_env = "ST_TEST_RESUME_VIEW_OF";
+inline constexpr const char* kResumeViewHookEnv = "ST_TEST_RESUME_VIEW_OF";
 
 /// A RootView as one line of JSON, and back (throws naming the field on a malformed text).
 std::string view_to_json(const RootView& view);
@@ -83,7 +83,7 @@ std::string no_loadable_checkpoint_message(const std::filesystem::path& root, st
 ResumePlan agree_resume(const std::filesystem::path& root, ProcessGroup& group, const StorageTopology& topology = {});
 
 /// --resume PATH, collective: resolve_checkpoint_dir(path) on every rank
-/// (the test hook of resume_view_hook_env applies here too); the ranks must
+/// (the test hook of kResumeViewHookEnv applies here too); the ranks must
 /// resolve it to the same directory. Throws an AgreedError with the common
 /// error when every rank failed alike, or naming each rank, its host and what
 /// it resolved (or why it could not) when they differ.

@@ -95,7 +95,7 @@ TrainerState parse_trainer_state(const std::string& text, const std::string& whe
 }
 
 TrainerState read_trainer_state(const fs::path& dir) {
-  const fs::path path = dir / trainer_state_file_name;
+  const fs::path path = dir / kTrainerStateFileName;
   std::error_code ec;
   ST_CHECK(fs::is_regular_file(path, ec), "cannot read {} (is {} a checkpoint directory?)", path.string(),
            dir.string());
@@ -104,7 +104,7 @@ TrainerState read_trainer_state(const fs::path& dir) {
 
 std::optional<TrainerState> read_trainer_state_if_present(const fs::path& dir) {
   std::error_code ec;
-  if (!fs::exists(dir / trainer_state_file_name, ec)) return std::nullopt;
+  if (!fs::exists(dir / kTrainerStateFileName, ec)) return std::nullopt;
   return read_trainer_state(dir);
 }
 

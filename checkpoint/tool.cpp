@@ -33,8 +33,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::string_view kTrainerStateName = trainer_state_file_name;
-
 // ---- shared ------------------------------------------------------------------------
 
 std::string hex8(uint32_t v) {
@@ -101,7 +99,7 @@ int64_t stored_bytes(const StoredTensor& t) {
 /// Files of the layouts (data and indexes) and the marker: what convert rewrites
 /// rather than copies.
 bool is_layout_file(const std::string& name) {
-  return name == complete_marker_name || name.ends_with(".safetensors") || name.ends_with(".index.json");
+  return name == kCompleteMarkerName || name.ends_with(".safetensors") || name.ends_with(".index.json");
 }
 
 std::vector<DirFile> list_files(const fs::path& dir) {
@@ -123,7 +121,7 @@ std::vector<DirFile> list_files(const fs::path& dir) {
 DType model_dtype_of(const std::optional<TrainerState>& state, const std::string& dir) {
   if (!state || state->model_dtype.empty()) return DType::F32;
   std::optional<DType> dtype = dtype_from_name(state->model_dtype);
-  ST_CHECK(dtype && *dtype != DType::I32, "{}/{}: model_dtype '{}' is not F32 or BF16", dir, kTrainerStateName,
+  ST_CHECK(dtype && *dtype != DType::I32, "{}/{}: model_dtype '{}' is not F32 or BF16", dir, kTrainerStateFileName,
            state->model_dtype);
   return *dtype;
 }
@@ -465,7 +463,7 @@ std::set<std::string> check_marker(const fs::path& dir, const CompleteMarker& ma
                                    std::vector<std::string>& problems) {
   std::set<std::string> listed;
   if (!marker.problem.empty()) {
-    if (!no_marker) problems.push_back(format("{}: {}", complete_marker_name, marker.problem));
+    if (!no_marker) problems.push_back(format("{}: {}", kCompleteMarkerName, marker.problem));
     return listed;
   }
   for (const MarkerFile& f : marker.files) {
@@ -502,7 +500,7 @@ void check_trainer_state(const std::string& dir, const CompleteMarker& marker, s
     const std::optional<TrainerState> state = read_trainer_state_if_present(dir);
     if (state && marker.problem.empty() && state->step != marker.step)
       problems.push_back(
-          format("{}: step {}, but COMPLETE is for step {}", kTrainerStateName, state->step, marker.step));
+          format("{}: step {}, but COMPLETE is for step {}", kTrainerStateFileName, state->step, marker.step));
   } catch (const Error& e) {
     problems.push_back(e.message());
   }
@@ -611,7 +609,7 @@ TempDir make_output_dir(const fs::path& out_path) {
 void write_other_file(const Conversion& c, const SaveOptions& saved, const ConvertOptions& options,
                       const std::string& name, const fs::path& dest) {
   const fs::path from = fs::path(c.src.path) / name;
-  if (name == kTrainerStateName && c.state) {
+  if (name == kTrainerStateFileName && c.state) {
     // What the output holds, in the trainer's terms.
     TrainerState converted = *c.state;
     converted.format = layout_name(c.to);
@@ -708,7 +706,7 @@ VerifyReport verify_checkpoint(const std::string& path, int threads) {
   const fs::path dir(report.dir);
 
   const CompleteMarker marker = read_complete_marker(dir);
-  const bool no_marker = !fs::exists(dir / complete_marker_name);
+  const bool no_marker = !fs::exists(dir / kCompleteMarkerName);
   const std::set<std::string> listed = check_marker(dir, marker, no_marker, report.problems);
   check_trainer_state(report.dir, marker, report.problems);
 
@@ -783,7 +781,7 @@ namespace {
 // step its `latest` names (a part is never complete alone, so
 // resolve_checkpoint_dir would refuse the root).
 ResolvedDir resolve_part(const std::string& path) {
-  const std::optional<std::string> latest = read_small_file(fs::path(path) / latest_file_name);
+  const std::optional<std::string> latest = read_small_file(fs::path(path) / kLatestFileName);
   const std::optional<int64_t> named = latest ? parse_step_dir_name(trim_space(*latest)) : std::nullopt;
   std::error_code ec;
   if (named && fs::is_directory(fs::path(path) / step_dir_name(*named), ec))

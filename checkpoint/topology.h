@@ -1,9 +1,9 @@
 #pragma once
-// Which ranks see one file system at checkpoint.dir (DESIGN.md, "Checkpoint
-// directory"). On one machine, or on a cluster file system (NFS, Lustre), all
-// ranks share it; on machines with node-local disks each host has a
-// checkpoint root of its own, and a checkpoint exists only as the union of
-// what the hosts hold (the PaddleNLP Unified Checkpoint workflow).
+// Which ranks see one file system at checkpoint.dir
+// (docs/DESIGN.md, "Node-local disks"). On one machine, or on a cluster file
+// system (NFS, Lustre), all ranks share it; on machines with node-local disks
+// each host has a checkpoint root of its own, and a checkpoint exists only as
+// the union of what the hosts hold (the PaddleNLP Unified Checkpoint workflow).
 //
 // Detection, at start-up: the lowest rank of each host writes a token file
 // named for the job and the host into checkpoint.dir; after a barrier every

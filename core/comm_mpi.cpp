@@ -238,11 +238,11 @@ void progress_hook() { progress_registry().progress(); }
 
 /// False when ST_MPI_PROGRESS is "0" or "off": collectives then advance only in wait().
 bool progress_enabled() {
-  static const bool enabled = [] {
+  static const bool kEnabled = [] {
     const char* v = std::getenv("ST_MPI_PROGRESS");
     return v == nullptr || (std::string_view(v) != "0" && std::string_view(v) != "off");
   }();
-  return enabled;
+  return kEnabled;
 }
 
 /// The request of one started collective, what it needs kept alive, and the

@@ -137,7 +137,7 @@ using Schema = std::function<void(const KeyVisitor&)>;
 /// `v` with "section." put in front of every key name.
 KeyVisitor in_section(std::string_view section, const KeyVisitor& v);
 
-/// One configuration key, for help text and the README reference.
+/// One configuration key, for help text and docs/configuration.md.
 struct ConfigKeyDoc {
   std::string key;            // "fsdp.mixed_precision.param_dtype"
   std::string type;           // "int", "float", "bool", "string", "list of strings", or "a | b | c"

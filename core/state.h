@@ -1,7 +1,7 @@
 #pragma once
 // The contract between the layers that hold training state (fsdp, optim) and
 // the checkpoint subsystem: every piece of state is addressed by (FQN, kind)
-// and a flat element range of the full tensor (DESIGN.md, "state entries").
+// and a flat element range of the full tensor (docs/DESIGN.md, "State entries").
 #include <cstdint>
 #include <string>
 

@@ -46,8 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const fs::path step = root / "step-000010";
   fuzz::reset_dir(step);
   fuzz::write_file(step / "model.safetensors", "12345");
-  fuzz::write_file(root / checkpoint::latest_file_name, latest);
-  fuzz::write_file(step / checkpoint::complete_marker_name, marker);
+  fuzz::write_file(root / checkpoint::kLatestFileName, latest);
+  fuzz::write_file(step / checkpoint::kCompleteMarkerName, marker);
 
   fuzz::expect_only_st_errors([&] {
     const checkpoint::CompleteMarker m = checkpoint::read_complete_marker(step);

@@ -28,7 +28,7 @@ TrainerArgs parse_trainer_args(const std::vector<std::string>& argv);
 
 /// The usage text, including every configuration key with its doc.
 std::string trainer_usage();
-/// Every configuration key as a Markdown table (the README's reference).
+/// Every configuration key as a Markdown table (docs/configuration.md's reference).
 std::string config_keys_markdown();
 
 }  // namespace st::launch

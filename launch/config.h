@@ -107,7 +107,7 @@ void visit_keys(Config& c, const KeyVisitor& v);
 /// vocab_size, train.seq_len and seed).
 DatasetSpec dataset_spec(const Config& config);
 
-/// Every key, for help text and the README reference.
+/// Every key, for help text and docs/configuration.md.
 std::vector<ConfigKeyDoc> config_keys();
 
 /// Loads `path`, applies `overrides` ("key=value", later wins), validates.

@@ -28,12 +28,12 @@ const std::array<ModelSpec, 2> kModels{{
 std::span<const ModelSpec> model_table() { return kModels; }
 
 std::span<const std::string_view> model_names() {
-  static const std::vector<std::string_view> names = [] {
+  static const std::vector<std::string_view> kNames = [] {
     std::vector<std::string_view> out;
     for (const ModelSpec& spec : kModels) out.push_back(spec.name);
     return out;
   }();
-  return names;
+  return kNames;
 }
 
 const ModelSpec& model_spec(std::string_view name) {

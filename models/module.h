@@ -21,7 +21,7 @@
 
 namespace st::models {
 
-/// How a parameter is initialised (DESIGN: normal(0, 0.02) for LLaMA linears
+/// How a parameter is initialised (docs/training.md, "Models": normal(0, 0.02) for LLaMA linears
 /// and embeddings, ones for norms; the toy model uses PyTorch's Linear init
 /// bounds so its scale matches the tutorial).
 struct Init {

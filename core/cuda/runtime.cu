@@ -147,8 +147,8 @@ bool compiled_with_cuda() { return true; }
 
 int device_count() {
   // The visible set cannot change once the runtime is initialised, so ask once.
-  static const int count = query_device_count();
-  return count;
+  static const int kCount = query_device_count();
+  return kCount;
 }
 
 std::string device_name(int index) {

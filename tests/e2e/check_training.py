@@ -34,7 +34,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import SKIP, TEXT, check_main, fail, mpirun, run  # noqa: E402
 
-# The toy bound, stated here and in the README. Measured on the CI machine
+# The toy bound, stated here and in docs/training.md ("Correctness checks"). Measured on the CI machine
 # kind: 0.696 -> 0.072 (ratio 0.10) in 50 steps, so 0.5 leaves room for
 # harmless numeric changes but not for a broken gradient.
 TOY_RATIO = 0.5

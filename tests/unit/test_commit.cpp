@@ -461,7 +461,7 @@ TEST(TrainerStateFile, CorruptCountsAreNamed) {
                                   "f");
             }),
             "f is corrupt: 'world_size' is \"x\", of the wrong type");
-  // Found by fuzz/fuzz_trainer_state: a float where an integer belongs was cast
+  // Found by fuzz/fuzz_trainer_state.cpp: a float where an integer belongs was cast
   // to int64_t, undefined behaviour beyond its range (UBSan: 8e+47 is outside
   // the range of 'long'); now refused naming the key.
   EXPECT_EQ(error_of([] {

@@ -240,7 +240,7 @@ TEST(PlotSvg, OptionsAndErrors) {
   EXPECT_EQ(error_of([] { render_svg({}); }), "nothing to plot: no runs");
 }
 
-// Found by fuzz/fuzz_metrics: values the JSON reader accepts but no axis can
+// Found by fuzz/fuzz_metrics.cpp: values the JSON reader accepts but no axis can
 // draw (1e308 overflows the padded range, 1e-308 underflows the tick spacing)
 // were undefined behaviour (inf cast to int); a lone step at the end of
 // int64_t overflowed. Now a clear error, and the lone step draws.

@@ -395,7 +395,7 @@ TEST_F(Safetensors, AcceptsHandCraftedFile) {
   EXPECT_EQ(f.metadata().at("a"), "b");
 }
 
-// Found by fuzz/fuzz_index: a sharded.index.json whose "version" or "format"
+// Found by fuzz/fuzz_index.cpp: a sharded.index.json whose "version" or "format"
 // has another JSON type escaped as nlohmann's type_error (the trainer's
 // "internal error", naming no file); now an st::Error naming the index.
 TEST_F(Safetensors, ShardedIndexFieldOfTheWrongTypeNamesTheIndex) {
