@@ -3,7 +3,7 @@
 // are stored. The dataset library (dataset/dataset.h) reads only this section
 // plus a few model and train values (DatasetSpec).
 //
-// One field per line with its doc comment: tests/test_config.cpp checks each
+// One field per line with its doc comment: tests/unit/test_config.cpp checks each
 // comment against the doc string in visit_keys(), so the layout is kept as written.
 #include <cstdint>
 #include <span>

@@ -111,7 +111,7 @@ DatasetSpec dataset_spec(const Config& config);
 std::vector<ConfigKeyDoc> config_keys();
 
 /// Loads `path`, applies `overrides` ("key=value", later wins), validates.
-/// Errors name the file as `path` was given ("llama.yaml:7", "configs/x.yaml:3").
+/// Errors name the file as `path` was given ("llama.yaml:7", "configs/toy.yaml:3").
 Config load_config(const std::string& path, std::span<const std::string> overrides = {});
 /// The same from YAML text; `source_name` stands in for the file name in errors.
 Config load_config_from_string(std::string_view yaml, std::string_view source_name,
