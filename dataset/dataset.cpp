@@ -642,8 +642,7 @@ std::unique_ptr<Dataset> generated(const DatasetSpec& spec, Part part) {
   const bool val = part == Part::Validation;
   if (spec.model_name == "toy") return std::make_unique<ToyDataset>(seed, val ? kToySamples : 0);
   check_token_model(spec);
-  return std::make_unique<SyntheticDataset>(seed, spec.vocab_size, spec.seq_len,
-                                            val ? kSyntheticSamples : 0);
+  return std::make_unique<SyntheticDataset>(seed, spec.vocab_size, spec.seq_len, val ? kSyntheticSamples : 0);
 }
 
 // The text or tokens at `path`, which config key `key` names.

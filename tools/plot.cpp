@@ -23,9 +23,9 @@ namespace {
 
 /// Command line of `plot`.
 struct PlotArgs {
-  std::vector<std::string> files;   // the metrics files, in legend order
-  std::vector<std::string> labels;  // --label, the i-th naming the i-th file
-  std::string out;                  // -o / --output
+  std::vector<std::string> files;    // the metrics files, in legend order
+  std::vector<std::string> labels;   // --label, the i-th naming the i-th file
+  std::string out;                   // -o / --output
   st::metrics::PlotOptions options;  // --title, --log-loss
 };
 

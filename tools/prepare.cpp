@@ -70,7 +70,7 @@ struct PrepareArgs {
   bool train_tokenizer = false;     // --train-tokenizer
   int64_t vocab_size = 0;           // --vocab-size (with --train-tokenizer)
   int64_t tokenizer_sentences = st::dataset::TokenizerTraining{}.max_sentences;  // --tokenizer-sentences
-  double val_fraction = 0.05;                                                   // --val-fraction
+  double val_fraction = 0.05;                                                    // --val-fraction
   int threads = 0;                   // --threads; 0 = the cores of this process's affinity mask
   int64_t shard_tokens = 100000000;  // --shard-tokens: tokens per shard file (llm.c's size)
   bool overwrite = false;            // --overwrite

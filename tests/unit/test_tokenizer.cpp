@@ -28,7 +28,9 @@
 namespace st::dataset {
 namespace {
 // The tests describe runs by their whole configuration, as the trainer does.
-[[maybe_unused]] std::unique_ptr<Dataset> make_dataset(const Config& c) { return dataset::make_dataset(dataset_spec(c)); }
+[[maybe_unused]] std::unique_ptr<Dataset> make_dataset(const Config& c) {
+  return dataset::make_dataset(dataset_spec(c));
+}
 [[maybe_unused]] std::unique_ptr<Dataset> make_validation_dataset(const Config& c) {
   return dataset::make_validation_dataset(dataset_spec(c));
 }
