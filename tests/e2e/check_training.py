@@ -18,7 +18,7 @@ CHECK is one of:
               means over its interval recomputed here from the file's per-step values (the
               process's first step untimed), its MFU is those tok/s against the measured CPU
               peak, elapsed and eta read NmSSs, and the summary's tok/s is the same mean over
-              steps 2..12
+              steps 2..12; the 1.7 MB save's line gives its size and time but no rate
   fsdp-bad-input  a shard_group_size that does not divide the world, an unknown module
               type in the wrap list and an unknown strategy fail with a clear message
   gpu         llama-tiny, 20 steps, on the GPU vs on the CPU with the same config: per-step
@@ -201,7 +201,13 @@ STEP_LINE = re.compile(r"step (\d+)/12 \| loss ([\d.]+) \| lr \S+ \| grad_norm [
 def check_step_line(trainer, tmp):
     metrics = os.path.join(tmp, "m.jsonl")
     proc = run(mpirun(2) + [trainer, "--config", "configs/llama-tiny.yaml", "--steps", "12", "--set",
-                            "logging.interval=5", "--set", f"logging.metrics_file={metrics}"])
+                            "logging.interval=5", "--set", f"logging.metrics_file={metrics}", "--set",
+                            f"checkpoint.dir={os.path.join(tmp, 'ck')}"])
+    # A save of 1.7 MB gives its size and time, no rate (its time is fixed costs).
+    save = re.search(r"saved checkpoint \S+/step-000010 \(unified\): ([\d.]+ [kM]B in [\d.]+ s), training blocked "
+                     r"[\d.]+ s$", proc.stderr, flags=re.M)
+    if not save:
+        fail("the save line is not 'saved checkpoint DIR/step-000010 (unified): SIZE in T s, training blocked T s'")
     with open(metrics) as f:
         lines = [ln for ln in f.read().splitlines() if '"event"' not in ln]
     rows = metrics_rows(metrics)
