@@ -36,7 +36,7 @@ TOY_CKPT = "runs/toy"
 # measured by this test's run of the tutorial on the CI machine kind (2-core
 # AMD EPYC, oneDNN); a different thread count or GEMM backend changes BF16
 # rounding, which moves them by far less than TOLERANCE.
-VAL_LOSS = {100: None, 300: None, 600: None}
+VAL_LOSS = {100: 5.26, 300: 4.65, 600: 4.34}  # measured 5.2566, 4.6450, 4.3380
 TOLERANCE = 0.15
 
 
