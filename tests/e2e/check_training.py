@@ -195,7 +195,7 @@ def check_gpu_mpi(trainer, tmp):
 
 
 STEP_LINE = re.compile(r"step (\d+)/12 \| loss ([\d.]+) \| lr \S+ \| grad_norm [\d.]+ \| ([\d,]+) tok/s \(all ranks\) \| "
-                       r"([\d.]+) ms/step \| mfu ([\d.]+)% \| peak [\d.]+ GB \| elapsed (\d+m\d\ds) \| eta (\d+m\d\ds)$")
+                       r"([\d.]+) ms/step \| mfu ([\d.]+)% \| peak [\d.]+ [kMGT]?B \| elapsed (\d+m\d\ds) \| eta (\d+m\d\ds)$")
 
 
 def check_step_line(trainer, tmp):
@@ -238,7 +238,7 @@ def check_step_line(trainer, tmp):
         before = step
     timed = rows[1:]
     rate = tokens * len(timed) / sum(r["step_ms"] / 1e3 for r in timed)
-    summary = re.search(r"done: steps 1\.\.12, final loss [\d.]+, ([\d,]+) tok/s \(all ranks, steps 2\.\.12\)",
+    summary = re.search(r"done: steps 1\.\.12, final loss [\d.]+, ([\d,]+) tok/s \(all ranks, steps 2\.\.12, MFU [\d.]+%\)",
                         proc.stderr)
     if not summary or abs(int(summary[1].replace(",", "")) - rate) > 0.51 + 1e-3 * rate:
         fail(f"the summary's tok/s is not the mean over steps 2..12 ({rate:,.0f}): {summary and summary[0]}")
