@@ -140,6 +140,7 @@ if kind == "ours":
     # The trainer's metrics file: one JSON object per step (metrics/metrics.cpp); drop the warm-up steps.
     try:
         steps = [json.loads(line) for line in open(fields["metrics"]) if line.strip()]
+        steps = [s for s in steps if "event" not in s]  # the line where the run began is no step
     except OSError:
         steps = []
     rates = sorted(s["tokens_per_s"] for s in steps if s["step"] > warmup)

@@ -385,7 +385,7 @@ except Exception as e:  # noqa: BLE001
     flops_per_token = 0.0
 
 def ours(mode):
-    rows = json_lines(f"ours_{mode}.jsonl")
+    rows = [r for r in json_lines(f"ours_{mode}.jsonl") if "event" not in r]  # step lines, not the start line
     steady = rows[5:] or rows  # the first steps warm up (allocator, cuBLAS heuristics)
     if not steady:
         return None

@@ -1,6 +1,8 @@
 // The run configuration: the launcher's own sections and the whole file.
 #include "launch/config.h"
 
+#include <filesystem>
+
 #include "models/model.h"
 
 namespace st {
@@ -37,7 +39,12 @@ void visit_comm(CommConfig& c, const KeyVisitor& v) {
 
 void visit_logging(LoggingConfig& l, const KeyVisitor& v) {
   v({"interval", "print a step line every N steps"}, l.interval);
-  v({"metrics_file", "append one JSON object per logged step; empty disables"}, l.metrics_file);
+  v({"metrics_file", "append one JSON object per step (and a line where each run begins); empty disables"},
+    l.metrics_file);
+  v({"run_name",
+     "names the run in logging.plot's title and legend and in the metrics file; empty: checkpoint.dir's last "
+     "component, else logging.metrics_file's name without extension"},
+    l.run_name);
   v({"level", "debug | info | warn | error", kLogLevels}, l.level);
   v({"profile",
      "print where each step's time went (phases, GEMM, ops, collective waits) and a summary table at the end; "
@@ -102,6 +109,7 @@ void LoggingConfig::validate() const {
   require(interval >= 1, "logging.interval", interval, "a positive integer");
   require(in_choices(level, kLogLevels), "logging.level", level,
           format("one of {}{}", join(kLogLevels, " | "), did_you_mean(level, kLogLevels)));
+  require(run_name.find_first_of("\n\r") == std::string::npos, "logging.run_name", run_name, "a name on one line");
   require(!plot || !metrics_file.empty(), "logging.plot", plot,
           "false while logging.metrics_file is empty: the plot is drawn from the metrics file, so set "
           "logging.metrics_file too");
@@ -122,6 +130,17 @@ void Config::validate() const {
   checkpoint.validate();
   comm.validate();
   logging.validate();
+}
+
+std::string run_name(const Config& config) {
+  if (!config.logging.run_name.empty()) return config.logging.run_name;
+  if (!config.checkpoint.dir.empty()) {
+    // "runs/fortunes/" names "fortunes", as "runs/fortunes" does.
+    const std::filesystem::path dir = std::filesystem::path(config.checkpoint.dir).lexically_normal();
+    const std::string last = (dir.has_filename() ? dir : dir.parent_path()).filename().string();
+    if (!last.empty() && last != "." && last != "..") return last;
+  }
+  return std::filesystem::path(config.logging.metrics_file).stem().string();
 }
 
 std::vector<ConfigKeyDoc> config_keys() {

@@ -70,7 +70,8 @@ struct CommConfig {
 
 struct LoggingConfig {
   int64_t interval = 1;                // print a step line every N steps
-  std::string metrics_file;            // append one JSON object per logged step; empty disables
+  std::string metrics_file;            // append one JSON object per step (and a line where each run begins); empty disables
+  std::string run_name;                // names the run in logging.plot's title and legend and in the metrics file; empty: checkpoint.dir's last component, else logging.metrics_file's name without extension
   std::string level = "info";          // debug | info | warn | error
   bool profile = false;                // print where each step's time went (phases, GEMM, ops, collective waits) and a summary table at the end; same as --profile
   bool plot = false;                   // rank 0 redraws the plot program's four panels into logging.metrics_file + .svg at each evaluation, at the end of the run and, without evaluations, every checkpoint.interval steps (every 100 logged steps when that is 0)
@@ -106,6 +107,11 @@ void visit_keys(Config& c, const KeyVisitor& v);
 /// What the dataset library needs of `config` (data.*, model.name and
 /// vocab_size, train.seq_len and seed).
 DatasetSpec dataset_spec(const Config& config);
+
+/// logging.run_name, or when it is empty the last component of
+/// checkpoint.dir, else the name of logging.metrics_file without its
+/// extension ("" without either).
+std::string run_name(const Config& config);
 
 /// Every key, for help text and docs/configuration.md.
 std::vector<ConfigKeyDoc> config_keys();

@@ -144,16 +144,15 @@ std::unique_ptr<ProcessGroup> device_group(ProcessGroup& world, DeviceKind kind,
   return make_nccl_group(world, device.index);
 }
 
-// --profile (logging.profile): the GEMM peak measured once, a profiler on
-// this thread (the one that runs the model), a line per logged step and the
-// table at the end. Rank 0 prints; every rank measures, so the peak is taken
-// with all ranks of the host busy, as they are in training. When the job
+// --profile (logging.profile): a profiler on this thread (the one that runs
+// the model), a line per logged step and the table at the end, against the
+// CPU's GEMM peak the trainer measured (Trainer::measure_cpu_peak). When the job
 // spans hosts and the model talks over the world's MPI groups, each step also
 // reports the bytes this rank sent in collectives over groups that span hosts.
 class RunProfile {
  public:
-  RunProfile(const Config& config, ProcessGroup& world, const ProcessGroup& fsdp_group, Device device,
-             DType compute_dtype, double model_flops_per_step, Logger& log)
+  RunProfile(const Config& config, ProcessGroup& world, const ProcessGroup& fsdp_group, double cpu_peak,
+             std::string peak_note, double model_flops_per_step, Logger& log)
       : log_(log), world_(world) {
     if (!config.logging.profile) return;
     ctx_.rank = world.rank();
@@ -162,11 +161,9 @@ class RunProfile {
     if (world.spans_hosts() && !ctx_.across_hosts)
       log.info0("profile: bytes across hosts not counted (the model's collectives run on {})",
                 fsdp_group.backend_name());
-    if (device.is_cpu()) {
-      world.barrier().wait();  // every rank measures at once, as they compute at once
-      constexpr int64_t n = 1024;
-      ctx_.gemm_peak = profile::measure_gemm_peak(compute_dtype, device, n);
-      ctx_.peak_note = format("{}^3 {} through ops::gemm", n, dtype_name(compute_dtype));
+    if (cpu_peak > 0) {
+      ctx_.gemm_peak = cpu_peak;
+      ctx_.peak_note = std::move(peak_note);
       log.info0("profile: GEMM peak {:.1f} GFLOP/s per rank ({}, {}); model {:.4e} FLOP per step per rank",
                 ctx_.gemm_peak / 1e9, ctx_.peak_note, cpu::gemm_backend(), model_flops_per_step);
     }
@@ -236,9 +233,18 @@ class Trainer {
   void setup_model();
   void setup_data();
   void log_model();  // also computes the model FLOPs and the device peak
+  // Collective on the CPU: device_peak_ and peak_note_ from a GEMM
+  // measurement; returns the seconds it took.
+  double measure_cpu_peak();
   void log_run() const;
   void setup_batches();
   void setup_checkpoints();
+  // Rank 0: the metrics file's start or resume line, and what the step lines mean.
+  void mark_run_start();
+  // Warns once that the metrics file stopped taking lines at `step`.
+  void warn_metrics_failed(int64_t step);
+  // Fills the rate fields of `m` (throughput, ms/step, MFU) for `seconds` per step.
+  void set_rates(metrics::StepMetrics& m, double seconds) const;
 
   // Optimizer step `done` + 1; nullopt when a stop request ended it between
   // micro-batches (then nothing changed: no update, no samples consumed).
@@ -259,9 +265,10 @@ class Trainer {
   // eval.sample_tokens: every rank runs the same forwards (the sharded
   // forward gathers as in training), rank 0 prints the text.
   void print_sample(int64_t step);
-  // Not collective: prints step `done` + 1's line and appends its metrics
-  // when it is logged (every logging.interval steps, the last step, and a
-  // step that evaluated); returns whether it was.
+  // Not collective: appends step `done` + 1's metrics and prints the step
+  // line, with the means since the line before, when it is logged (every
+  // logging.interval steps, the last step, and a step that evaluated);
+  // returns whether it was.
   bool report(int64_t done, const StepStats& stats, const StepTime& time, const std::optional<ValidationLoss>& val);
   // After the loop: waits for the last save, prints the profile table and the summary.
   TrainResult finish();
@@ -313,7 +320,10 @@ class Trainer {
   std::optional<metrics::MetricsFile> metrics_;
   models::ModelFlops flops_;
   DType compute_dtype_ = DType::F32;
-  double device_peak_ = 0;  // FLOP/s of one device; 0 when unknown
+  double device_peak_ = 0;           // FLOP/s of one device (a rank's threads on the CPU); 0 when unknown
+  std::string peak_note_;            // how the CPU's peak was measured
+  metrics::IntervalMeans interval_;  // the steps since the last step line
+  bool metrics_warned_ = false;
   std::optional<RunProfile> run_profile_;
 
   models::LossKind loss_kind_ = models::LossKind::CrossEntropy;
@@ -327,6 +337,7 @@ class Trainer {
   TrainResult result_;
   int64_t consumed_ = 0;  // samples consumed (the sampler's position)
   int64_t first_step_ = 0;
+  int64_t resumed_from_ = 0;  // the checkpoint's step when this run resumed; 0 when it started
   std::optional<StopSignals> stop_signals_;
   std::optional<Checkpointer> checkpointer_;
   int64_t last_step_ = 0;
@@ -367,12 +378,13 @@ void Trainer::setup() {
   setup_data();
   log_model();
   log_run();
-  run_profile_.emplace(config_, world_, *fsdp_group_, device_, compute_dtype_,
+  run_profile_.emplace(config_, world_, *fsdp_group_, device_.is_cpu() ? device_peak_ : 0.0, peak_note_,
                        flops_.flops_per_token * static_cast<double>(tc_.seq_len) *
                            static_cast<double>(tc_.global_batch_size) / world_.size(),
                        log_);
   setup_batches();
   setup_checkpoints();
+  mark_run_start();
 }
 
 // Checks the batch and checkpoint settings, takes checkpoint.dir, then picks
@@ -439,12 +451,54 @@ void Trainer::log_model() {
   const bool counts_tokens = model_->loss_kind() == models::LossKind::CrossEntropy;
   flops_ = models::model_flops(config_.model, tc_.seq_len);
   compute_dtype_ = config_.fsdp.mixed_precision.param_dtype;
-  device_peak_ = device_.is_cuda() ? metrics::peak_flops(cuda::device_name(device_.index), compute_dtype_) : 0.0;
+  std::string peak;
+  if (device_.is_cuda()) {
+    device_peak_ = metrics::peak_flops(cuda::device_name(device_.index), compute_dtype_);
+    peak = device_peak_ > 0 ? format("{:.0f} TFLOP/s {}", device_peak_ / 1e12, dtype_name(compute_dtype_))
+                            : std::string("unknown for this GPU, so MFU n/a");
+  } else {
+    const double seconds = measure_cpu_peak();
+    peak = format("{:.1f} GFLOP/s per rank ({}, measured in {:.2f} s)", device_peak_ / 1e9, peak_note_, seconds);
+  }
   log_.info0("model FLOPs: {:.4g} per {} for training{} ({} matmul parameters); device peak {}", flops_.flops_per_token,
              counts_tokens ? "token" : "sample", counts_tokens ? format(" at seq_len {}", tc_.seq_len) : std::string(),
-             flops_.matmul_params,
-             device_peak_ > 0 ? format("{:.0f} TFLOP/s {}", device_peak_ / 1e12, dtype_name(compute_dtype_))
-                              : std::string(device_.is_cuda() ? "unknown for this GPU, so MFU n/a" : "n/a on the CPU"));
+             flops_.matmul_params, peak);
+}
+
+double Trainer::measure_cpu_peak() {
+  // Every rank measures at once, as they compute at once, so the peak is
+  // taken with all ranks of the host busy. A short run of mid-sized GEMMs
+  // (about 0.1 s with the warm-up) keeps start-up quick; --profile, whose
+  // table compares GEMM time against this peak, pays for a longer, larger one.
+  const bool thorough = config_.logging.profile;
+  const int64_t n = thorough ? 1024 : 512;
+  const auto t0 = Clock::now();
+  world_.barrier().wait();
+  device_peak_ = profile::measure_gemm_peak(compute_dtype_, device_, n, thorough ? 0.3 : 0.05);
+  peak_note_ = format("{}^3 {} through ops::gemm", n, dtype_name(compute_dtype_));
+  return seconds_since(t0);
+}
+
+void Trainer::mark_run_start() {
+  const bool resumed = resumed_from_ > 0;
+  if (!metrics_->append_event(resumed ? metrics::RunEvent::Resume : metrics::RunEvent::Start, first_step_,
+                              run_name(config_)))
+    warn_metrics_failed(first_step_ + 1);
+  log_.info0(
+      "step lines: loss, throughput and ms/step are means over the steps since the line before (every {} "
+      "step(s)); lr and grad_norm are the step's own{}",
+      config_.logging.interval,
+      config_.logging.metrics_file.empty() ? std::string()
+                                           : format("; {} gets every step", config_.logging.metrics_file));
+}
+
+void Trainer::warn_metrics_failed(int64_t step) {
+  if (metrics_warned_) return;
+  metrics_warned_ = true;
+  log_.warn0(
+      "{}; training goes on without writing metrics (checkpoints are not affected); the file keeps its "
+      "complete lines up to the step before {}",
+      metrics_->error(), step);
 }
 
 void Trainer::log_run() const {
@@ -498,6 +552,7 @@ void Trainer::setup_checkpoints() {
   if (std::optional<ResumePoint> point = checkpointer_->load(resume_)) {
     first_step_ = point->step;
     consumed_ = point->consumed;
+    resumed_from_ = point->step;  // 0 for checkpoint.init_from, which starts a run
   }
   if (options_.stop_after > 0 && options_.stop_after <= first_step_) {
     throw AgreedError(
@@ -663,7 +718,9 @@ void Trainer::print_sample(int64_t step) {
 bool Trainer::report(int64_t done, const StepStats& stats, const StepTime& time,
                      const std::optional<ValidationLoss>& val) {
   const double step_seconds = time.seconds;
-  if (done > first_step_) timed_seconds_ += step_seconds;  // the first step includes warm-up
+  const bool warm_up = done == first_step_;  // the first step of this process includes warm-up
+  if (!warm_up) timed_seconds_ += step_seconds;
+  interval_.add(stats.loss, step_seconds, warm_up);
   result_.losses.push_back(stats.loss);
   const double elapsed = seconds_since(run_start_);
   metrics::StepMetrics sm;
@@ -672,8 +729,7 @@ bool Trainer::report(int64_t done, const StepStats& stats, const StepTime& time,
   sm.loss = stats.loss;
   sm.lr = stats.lr;
   sm.grad_norm = stats.grad_norm;
-  sm.samples_per_s = static_cast<double>(tc_.global_batch_size) / step_seconds;
-  sm.tokens_per_s = has_tokens_ ? static_cast<double>(tc_.seq_len) * sm.samples_per_s : -1.0;
+  set_rates(sm, step_seconds);
   sm.elapsed_s = elapsed;
   sm.eta_s = elapsed / static_cast<double>(done + 1 - first_step_) * static_cast<double>(tc_.steps - done - 1);
   sm.peak_bytes = time.peak_bytes;
@@ -681,21 +737,27 @@ bool Trainer::report(int64_t done, const StepStats& stats, const StepTime& time,
     sm.val_loss = val->loss;
     if (has_tokens_) sm.val_ppl = std::exp(val->loss);
   }
-  // MFU per device: this rank's share of the tokens against one device's peak.
-  if (device_peak_ > 0) sm.mfu = metrics::mfu(sm.tokens_per_s / world_.size(), flops_.flops_per_token, device_peak_);
   result_.peak_bytes = std::max(result_.peak_bytes, sm.peak_bytes);
+  // Every step goes to the file, so plots are not sampled; the console gets the interval's means.
+  if (!metrics_->append(sm)) warn_metrics_failed(sm.step);
   const bool log_step = (done + 1) % config_.logging.interval == 0 || done + 1 == last_step_ || val.has_value();
   if (log_step) {
-    log_.info0("{}", metrics::format_step_line(sm));
-    const bool had_metrics = metrics_->error().empty();
-    if (!metrics_->append(sm) && had_metrics) {
-      log_.warn0(
-          "{}; training goes on without writing metrics (checkpoints are not affected); the file keeps its "
-          "complete lines up to the step before {}",
-          metrics_->error(), sm.step);
-    }
+    metrics::StepMetrics line = sm;
+    line.loss = interval_.loss();
+    set_rates(line, interval_.seconds_per_step());
+    log_.info0("{}", metrics::format_step_line(line));
+    interval_.reset();
   }
   return log_step;
+}
+
+void Trainer::set_rates(metrics::StepMetrics& m, double seconds) const {
+  m.step_ms = 1e3 * seconds;
+  m.samples_per_s = static_cast<double>(tc_.global_batch_size) / seconds;
+  m.tokens_per_s = has_tokens_ ? static_cast<double>(tc_.seq_len) * m.samples_per_s : -1.0;
+  // MFU per device: this rank's share of the work against one device's peak.
+  if (device_peak_ > 0)
+    m.mfu = metrics::mfu(tokens_per_sample_ * m.samples_per_s / world_.size(), flops_.flops_per_token, device_peak_);
 }
 
 TrainResult Trainer::finish() {
@@ -716,13 +778,15 @@ TrainResult Trainer::finish() {
       result_.mfu = metrics::mfu(result_.tokens_per_s / world_.size(), flops_.flops_per_token, device_peak_);
   }
   // The first step is not timed, so a one-step run has no throughput to report.
-  const std::string rate = timed_steps <= 0 ? std::string("throughput n/a (one step, which includes warm-up)")
-                           : has_tokens_    ? format("{:.0f} tokens/s", result_.tokens_per_s)
-                                            : format("{:.0f} samples/s", result_.tokens_per_s);
-  log_.summary0("done: steps {}..{}, final loss {:.4f}{}, {}{}, peak {} on {}", first_step_ + 1, last_step_,
-                result_.losses.back(), eval_summary(), rate,
-                result_.mfu >= 0 ? format(" (MFU {:.1f}%)", 100.0 * result_.mfu) : std::string(),
-                human_bytes(result_.peak_bytes), device_.str());
+  // The step lines' definition: the global batch over the mean time of the timed steps.
+  std::string rate = "throughput n/a (one step, which includes warm-up)";
+  if (timed_steps > 0) {
+    rate = format("{} {}/s (all ranks, steps {}..{}{})", with_commas(std::llround(result_.tokens_per_s)),
+                  has_tokens_ ? "tok" : "samples", first_step_ + 2, last_step_,
+                  result_.mfu >= 0 ? format(", MFU {:.1f}%", 100.0 * result_.mfu) : std::string());
+  }
+  log_.summary0("done: steps {}..{}, final loss {:.4f}{}, {}, peak {} on {}", first_step_ + 1, last_step_,
+                result_.losses.back(), eval_summary(), rate, human_bytes(result_.peak_bytes), device_.str());
   return result_;
 }
 
@@ -795,7 +859,7 @@ bool Trainer::refresh_plot() {
   if (!config_.logging.plot || world_.rank() != 0) return false;
   const std::string& metrics = config_.logging.metrics_file;
   try {
-    const metrics::PlotRun run{std::filesystem::path(metrics).stem().string(), metrics::read_metrics_file(metrics)};
+    const metrics::PlotRun run{run_name(config_), metrics::read_metrics_file(metrics)};
     write_file_atomic(metrics + ".svg", metrics::render_svg(std::span(&run, 1)));
     return true;
   } catch (const Error& e) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,12 +23,6 @@
 namespace st::metrics {
 
 namespace {
-std::string seconds_str(double s) {
-  if (s < 120) return format("{:.1f}s", s);
-  if (s < 7200) return format("{}m{:.0f}s", static_cast<int64_t>(s / 60), std::fmod(s, 60.0));
-  return format("{}h{}m", static_cast<int64_t>(s / 3600), static_cast<int64_t>(std::fmod(s, 3600.0) / 60));
-}
-
 // The numeric fields a metrics line may hold, as read back.
 struct FieldOf {
   std::string_view key;
@@ -54,34 +49,88 @@ void merge_fields(const nlohmann::json& line, MetricsRecord& into, const std::st
   }
 }
 
+// An event line: a resume (or a start below the line before) is a restart;
+// a name it carries is the run's.
+void read_event(const nlohmann::json& line, const nlohmann::json& event, int64_t step, int64_t previous,
+                MetricsLog& log) {
+  if ((event.is_string() && event.get<std::string>() == "resume") || step < previous) log.restarts.push_back(step);
+  const auto name = line.find("run_name");
+  if (name != line.end() && name->is_string() && !name->get<std::string>().empty())
+    log.run_name = name->get<std::string>();
+}
+
 }  // namespace
+
+void IntervalMeans::add(double loss, double seconds, bool warm_up) {
+  ++steps_;
+  loss_sum_ += loss;
+  if (warm_up) {
+    warm_up_seconds_ = seconds;
+    return;
+  }
+  ++timed_;
+  timed_seconds_ += seconds;
+}
+
+double IntervalMeans::loss() const { return steps_ > 0 ? loss_sum_ / static_cast<double>(steps_) : 0.0; }
+
+double IntervalMeans::seconds_per_step() const {
+  return timed_ > 0 ? timed_seconds_ / static_cast<double>(timed_) : warm_up_seconds_;
+}
+
+std::string format_duration(double seconds) {
+  // Rounded once, to the unit shown, so that 59.6 s reads "1m00s", never "0m60s".
+  const int64_t s = std::isfinite(seconds) && seconds > 0 ? std::llround(seconds) : 0;
+  char text[48];
+  if (s < 3600) {
+    std::snprintf(text, sizeof text, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  } else {
+    const int64_t minutes = std::llround(static_cast<double>(s) / 60.0);
+    std::snprintf(text, sizeof text, "%lldh%02lldm", static_cast<long long>(minutes / 60),
+                  static_cast<long long>(minutes % 60));
+  }
+  return text;
+}
 
 std::string format_step_line(const StepMetrics& m) {
   // Throughput is easier to read grouped: "1,234,567 tok/s".
-  const std::string rate = m.tokens_per_s >= 0 ? with_commas(std::llround(m.tokens_per_s)) + " tok/s"
-                                               : with_commas(std::llround(m.samples_per_s)) + " samples/s";
-  std::string line =
-      format("step {}/{} | loss {:.4f} | lr {:.2e} | grad_norm {:.3f} | {} | elapsed {} | eta {}", m.step,
-             m.total_steps, m.loss, m.lr, m.grad_norm, rate, seconds_str(m.elapsed_s), seconds_str(m.eta_s));
-  if (m.mfu >= 0) line += format(" | mfu {:.1f}% | peak {:.2f} GB", 100.0 * m.mfu, m.peak_bytes / 1e9);
+  const std::string rate = m.tokens_per_s >= 0 ? with_commas(std::llround(m.tokens_per_s)) + " tok/s (all ranks)"
+                                               : with_commas(std::llround(m.samples_per_s)) + " samples/s (all ranks)";
+  std::string line = format("step {}/{} | loss {:.4f} | lr {:.2e} | grad_norm {:.3f} | {} | {:.1f} ms/step", m.step,
+                            m.total_steps, m.loss, m.lr, m.grad_norm, rate, m.step_ms);
+  if (m.mfu >= 0) line += format(" | mfu {:.1f}%", 100.0 * m.mfu);
+  line += format(" | peak {} | elapsed {} | eta {}", human_bytes(m.peak_bytes), format_duration(m.elapsed_s),
+                 format_duration(m.eta_s));
   if (m.val_loss) line += format(" | val_loss {:.4f}", *m.val_loss);
   if (m.val_ppl) line += format(" (ppl {:.1f})", *m.val_ppl);
   return line;
 }
 
 std::string format_step_json(const StepMetrics& m) {
-  nlohmann::json j = {{"step", m.step},
-                      {"loss", m.loss},
-                      {"lr", m.lr},
-                      {"grad_norm", m.grad_norm},
-                      {"samples_per_s", m.samples_per_s},
-                      {"elapsed_s", m.elapsed_s},
-                      {"peak_bytes", m.peak_bytes}};
-  if (m.tokens_per_s >= 0) j["tokens_per_s"] = m.tokens_per_s;
-  if (m.mfu >= 0) j["mfu"] = m.mfu;
+  // ordered_json keeps the insertion order (nlohmann::json sorts the keys).
+  nlohmann::ordered_json j;
+  j["step"] = m.step;
+  j["loss"] = m.loss;
   if (m.val_loss) j["val_loss"] = *m.val_loss;  // a non-finite value is written as null
   if (m.val_ppl) j["val_ppl"] = *m.val_ppl;
+  j["lr"] = m.lr;
+  j["grad_norm"] = m.grad_norm;
+  if (m.tokens_per_s >= 0) j["tokens_per_s"] = m.tokens_per_s;
+  j["samples_per_s"] = m.samples_per_s;
+  j["step_ms"] = m.step_ms;
+  if (m.mfu >= 0) j["mfu"] = m.mfu;
+  j["elapsed_s"] = m.elapsed_s;
+  j["peak_bytes"] = m.peak_bytes;
   return j.dump();
+}
+
+std::string format_event_json(RunEvent event, int64_t step, std::string_view run_name) {
+  nlohmann::ordered_json j;
+  j["event"] = event == RunEvent::Resume ? "resume" : "start";
+  j["step"] = step;
+  j["run_name"] = std::string(run_name);
+  // A name that is not UTF-8 is written with replacement characters rather than failing the run.
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 namespace {
@@ -134,10 +183,15 @@ MetricsFile::~MetricsFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-bool MetricsFile::append(const StepMetrics& m) {
+bool MetricsFile::append(const StepMetrics& m) { return append_line(format_step_json(m) + "\n"); }
+
+bool MetricsFile::append_event(RunEvent event, int64_t step, std::string_view run_name) {
+  return append_line(format_event_json(event, step, run_name) + "\n");
+}
+
+bool MetricsFile::append_line(const std::string& line) {
   if (path_.empty()) return true;
   if (fd_ < 0) return false;
-  const std::string line = format_step_json(m) + "\n";
   for (size_t done = 0; done < line.size();) {
     const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
     if (n > 0) {
@@ -170,6 +224,11 @@ MetricsLog parse_metrics(std::string_view text, std::string_view source) {
     ST_CHECK(j.is_object(), "{}: not a JSON object (a metrics file holds one per line): {}", where, snippet(line));
     const auto step = j.find("step");
     ST_CHECK(step != j.end() && step->is_number_integer(), "{}: no integer \"step\" in {}", where, snippet(line));
+    if (const auto event = j.find("event"); event != j.end()) {
+      read_event(j, *event, step->get<int64_t>(), previous, log);
+      previous = step->get<int64_t>();
+      continue;
+    }
     MetricsRecord& record = by_step[step->get<int64_t>()];
     record.step = step->get<int64_t>();
     merge_fields(j, record, where);

@@ -428,7 +428,7 @@ double draw_legend(std::string& svg, std::span<const PlotRun> runs, double top) 
     for (const MetricsRecord& r : runs[i].log.records) validation |= std::isfinite(r.val_loss);
   }
   if (validation) entries.push_back({LegendEntry::Kind::Validation, 0, "validation loss"});
-  if (restarts) entries.push_back({LegendEntry::Kind::Restart, 0, "restart (steps redone; the later line counts)"});
+  if (restarts) entries.push_back({LegendEntry::Kind::Restart, 0, "resume (a redone step shows its later value)"});
   double x = 20, y = top + kLegendRow - 6;
   for (const LegendEntry& e : entries) {
     const double w = 30 + kCharWidth * static_cast<double>(e.label.size()) + 22;
@@ -453,14 +453,18 @@ void check_log_losses(std::span<const PlotRun> runs) {
   }
 }
 
-// Tokens/s when every run has it, else samples/s (the toy model has no tokens).
-PanelSpec throughput_panel(std::span<const PlotRun> runs) {
-  const bool tokens = std::all_of(runs.begin(), runs.end(), [](const PlotRun& run) {
+// Whether every run has tokens (the toy model has samples only).
+bool all_have_tokens(std::span<const PlotRun> runs) {
+  return std::all_of(runs.begin(), runs.end(), [](const PlotRun& run) {
     return std::any_of(run.log.records.begin(), run.log.records.end(),
                        [](const MetricsRecord& r) { return std::isfinite(r.tokens_per_s); });
   });
-  if (tokens) return {"throughput (tokens/s)", &MetricsRecord::tokens_per_s};
-  return {"throughput (samples/s)", &MetricsRecord::samples_per_s};
+}
+
+// Tokens/s when every run has it, else samples/s; both over all ranks, as the step line gives them.
+PanelSpec throughput_panel(std::span<const PlotRun> runs) {
+  if (all_have_tokens(runs)) return {"throughput (tokens/s, all ranks)", &MetricsRecord::tokens_per_s};
+  return {"throughput (samples/s, all ranks)", &MetricsRecord::samples_per_s};
 }
 
 std::string default_title(std::span<const PlotRun> runs) {
@@ -480,12 +484,14 @@ std::string render_svg(std::span<const PlotRun> runs, const PlotOptions& options
        " font-weight=\"bold\"");
   const double top = kTitleHeight + draw_legend(body, runs, kTitleHeight) + 6;
   const Axis steps = step_axis(runs);
+  // Cross-entropy in nats (natural log) per predicted token; the toy model's loss is a mean squared error.
+  const std::string loss_title = all_have_tokens(runs) ? "loss (nats/token)" : "loss (mean squared error)";
   draw_panel(body, runs, steps, 0, top,
-             {"loss", &MetricsRecord::loss, &MetricsRecord::val_loss, options.loss_scale, /*restarts=*/true});
+             {loss_title, &MetricsRecord::loss, &MetricsRecord::val_loss, options.loss_scale, /*restarts=*/true});
   draw_panel(body, runs, steps, kPanelWidth, top, {"learning rate", &MetricsRecord::lr});
   draw_panel(body, runs, steps, 0, top + kPanelHeight, throughput_panel(runs));
   draw_panel(body, runs, steps, kPanelWidth, top + kPanelHeight,
-             {"gradient norm (before clipping)", &MetricsRecord::grad_norm});
+             {"gradient norm (L2, before clipping)", &MetricsRecord::grad_norm});
   const double height = std::ceil(top + 2 * kPanelHeight + 4);
   std::string svg = format(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"

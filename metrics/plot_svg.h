@@ -3,11 +3,13 @@
 // files read back by metrics/metrics.h: the work of the `plot` program and of
 // the trainer's logging.plot.
 //
-// Four panels against the step, one colour per run: loss (the training loss
-// as a line; val_loss, where a run has it, as square markers joined by a
-// dashed line; a dotted vertical line at each restart of a resumed run),
-// learning rate, throughput (tokens/s; samples/s unless every run has
-// tokens) and the gradient norm before clipping. A legend names the runs.
+// Four panels against the step, one colour per run, each titled with its
+// unit: loss in nats/token (the training loss as a line; val_loss, where a
+// run has it, as square markers joined by a dashed line; a dotted vertical
+// line where each resume began, MetricsLog::restarts), learning rate,
+// throughput of all ranks (tokens/s; samples/s unless every run has tokens,
+// and then the loss is the toy model's mean squared error) and the L2
+// gradient norm before clipping. A legend names the runs.
 // Each run is drawn thinner than the one before and over it, so identical
 // curves (a resumed run against an uninterrupted one) both stay visible.
 //

@@ -34,19 +34,20 @@ st::cli::Parser plot_parser(PlotArgs& args) {
   st::cli::Parser p("plot", "plot METRICS.jsonl... -o OUT.svg [--label NAME]... [--title TEXT] [--log-loss]");
   p.text(
        "Draws the metrics files of training runs (logging.metrics_file: one JSON object per\n"
-       "logged step) into one self-contained SVG: loss (validation loss as markers where a run\n"
+       "step) into one self-contained SVG: loss (validation loss as markers where a run\n"
        "has it), learning rate, throughput and gradient norm against the step, one colour per run.\n")
       .option("-o, --output", "OUT.svg", &args.out, "the file to write (replaced atomically)")
       .repeated("--label", "NAME", &args.labels,
                 "the i-th --label names the i-th file in the legend; files\n"
-                "without one are named by their file name without its extension")
+                "without one are named by the run name the trainer recorded\n"
+                "(logging.run_name), else by their file name without its extension")
       .option("--title", "TEXT", &args.options.title, "the title (default: \"shardtrain: \" and the names)")
       .flag(
           "--log-loss", [&args] { args.options.loss_scale = st::metrics::AxisScale::Log; },
           "a log scale for the loss panel")
       .text(
-          "\nA file holding a resumed run holds the steps it redid twice (the steps go back where\n"
-          "the run resumed): for each step the later line counts, and a dotted line marks the restart.")
+          "\nA dotted line marks where each resumed run began (the trainer writes a resume line\n"
+          "there); a step redone after a resume from an older checkpoint shows its later value.")
       .positionals("METRICS.jsonl", &args.files)
       .help_without_arguments();
   return p;
@@ -69,9 +70,13 @@ std::vector<st::metrics::PlotRun> read_runs(const PlotArgs& args) {
     std::error_code ec;
     ST_CHECK(!std::filesystem::equivalent(file, args.out, ec), "the output {} is the metrics file {}; give another -o",
              args.out, file);
-    std::string label = i < args.labels.size() ? args.labels[i] : std::filesystem::path(file).stem().string();
+    st::metrics::MetricsLog log = st::metrics::read_metrics_file(file);
+    // The name the trainer recorded (logging.run_name or its default), else the file's.
+    std::string label = i < args.labels.size()  ? args.labels[i]
+                        : !log.run_name.empty() ? log.run_name
+                                                : std::filesystem::path(file).stem().string();
     ST_CHECK(names.insert(label).second, "two runs are named '{}' ({}); give each file a --label", label, file);
-    runs.push_back({std::move(label), st::metrics::read_metrics_file(file)});
+    runs.push_back({std::move(label), std::move(log)});
   }
   return runs;
 }

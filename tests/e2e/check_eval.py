@@ -27,7 +27,6 @@ CHECK is one of:
               the file or the keys
 Each check prints what it measured; a failure exits 1.
 """
-import json
 import math
 import os
 import re
@@ -35,7 +34,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, TEXT, check_main, fail, mpirun  # noqa: E402
+from harness import ROOT, TEXT, check_main, fail, metrics_rows, mpirun  # noqa: E402
 
 TINY = "configs/llama-tiny.yaml"
 OTHER_TEXT = "/usr/share/common-licenses/GPL-2"
@@ -55,7 +54,7 @@ def run(trainer, np, sets, tmp, name, config=TINY, extra=(), expect_ok=True):
     if expect_ok and proc.returncode != 0:
         sys.stderr.write(out[-4000:])
         fail(f"exit {proc.returncode}: {' '.join(cmd)}")
-    rows = [json.loads(line) for line in open(metrics)] if os.path.exists(metrics) else []
+    rows = metrics_rows(metrics) if os.path.exists(metrics) else []
     return rows, out, proc.returncode
 
 
@@ -68,9 +67,11 @@ def check_steps(trainer, tmp):
     got = evals(rows)
     if sorted(got) != [7, 14, 20]:
         fail(f"val_loss at steps {sorted(got)}, expected exactly 7, 14, 20")
-    logged = [r["step"] for r in rows]
+    if [r["step"] for r in rows] != list(range(1, 21)):
+        fail(f"metrics file steps {[r['step'] for r in rows]}, expected every step 1..20")
+    logged = [int(s) for s in re.findall(r"step (\d+)/20 \|", out)]
     if logged != [5, 7, 10, 14, 15, 20]:
-        fail(f"logged steps {logged}, expected 5, 7, 10, 14, 15, 20 (every 5th and every evaluation)")
+        fail(f"step lines at steps {logged}, expected 5, 7, 10, 14, 15, 20 (every 5th and every evaluation)")
     for r in rows:
         if "val_loss" in r and abs(r["val_ppl"] / math.exp(r["val_loss"]) - 1) > 1e-15:
             fail(f"step {r['step']}: val_ppl {r['val_ppl']} is not exp(val_loss {r['val_loss']})")

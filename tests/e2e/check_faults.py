@@ -431,9 +431,10 @@ def json_lines(path, what):
     if text and not text.endswith("\n"):
         fail(f"{what}: {path} ends in a half line: {text[-80:]!r}")
     try:
-        return [json.loads(line) for line in text.splitlines()]
+        lines = [json.loads(line) for line in text.splitlines()]
     except ValueError as e:
         fail(f"{what}: {path} holds a line that is not JSON ({e})")
+    return [r for r in lines if "event" not in r]  # the step lines; an event line marks where a run began
 
 
 def check_metrics(trainer, ckpt_tool, tmp):

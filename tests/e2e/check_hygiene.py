@@ -140,7 +140,7 @@ def check_messages(trainer, tmp):
     step_lines = [ln for ln in toy.stderr.splitlines() if "step 3/3" in ln]
     if not step_lines or "samples/s" not in step_lines[0] or "tok/s" in step_lines[0]:
         fail(f"the toy step line should give samples/s: {step_lines}")
-    expect(toy, 0, "samples/s, peak", "per-rank memory: master 1.6 kB", what="toy units")
+    expect(toy, 0, "samples/s (all ranks, steps 2..3, MFU ", "per-rank memory: master 1.6 kB", what="toy units")
     print(f"messages: toy: {step_lines[0].split('INFO  ')[1]}")
 
     resumed = run([trainer, "--config", TINY, "--resume", os.path.join(root, "step-000030"), "--steps", "31"])

@@ -12,14 +12,18 @@
    OUT_DIR/run.png, decoded here (zlib + numpy): the image has the SVG's size,
    and inside every panel's plot area there are pixels of each run's colour.
    The SVG's text holds both legend names; a second `plot` gives the same bytes.
-4. The toy model (no tokens): its plot's throughput panel is in samples/s; with a
+4. logging.run_name titles the trainer's plot and names its legend entry (the
+   default is checkpoint.dir's name); a run stopped at step 20 and resumed
+   from its step-20 checkpoint (the steps do not go back) leaves a resume line
+   in the metrics file and a dotted mark in the plot; `plot` names the file by
+   its recorded run name.
+5. The toy model (no tokens): its plot's throughput panel is in samples/s; with a
    metrics file the plot cannot read, logging.plot warns and the run finishes.
-5. Errors exit 1 with one line: a missing file, a line that is not JSON (named
+6. Errors exit 1 with one line: a missing file, a line that is not JSON (named
    file:line), an empty file, no -o, an unknown option, -o naming an input,
    a log loss axis with a loss <= 0, and logging.plot without logging.metrics_file.
 The PNG is kept (its path is printed) so that it can be looked at.
 """
-import json
 import os
 import re
 import struct
@@ -30,7 +34,7 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, expect, fail, mpirun, run, sets  # noqa: E402
+from harness import ROOT, expect, fail, metrics_lines, metrics_rows, mpirun, run, sets  # noqa: E402
 
 TINY = "configs/llama-tiny.yaml"
 # The first two colours of metrics/plot_svg.cpp's palette, in drawing order.
@@ -47,19 +51,11 @@ def train(trainer, metrics, *extra):
 
 def later_lines_win(path):
     """{step: loss} with the last line of each step counting, as the plot reads a file."""
-    out = {}
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                if "loss" in row:
-                    out[row["step"]] = row["loss"]
-    return out
+    return {row["step"]: row["loss"] for row in metrics_rows(path) if "loss" in row}
 
 
 def steps_of(path):
-    with open(path) as f:
-        return [json.loads(line)["step"] for line in f if line.strip()]
+    return [row["step"] for row in metrics_rows(path)]
 
 
 def check_runs(trainer, tmp):
@@ -69,8 +65,8 @@ def check_runs(trainer, tmp):
     expect(proc, 0, f"plot: {full}.svg", what="logging.plot")
     with open(svg) as f:
         text = f.read()
-    if ">full</text>" not in text or ">loss</text>" not in text:
-        fail(f"{svg} does not name the run 'full' or lacks the loss panel")
+    if ">full</text>" not in text or ">loss (nats/token)</text>" not in text:
+        fail(f"{svg} does not name the run 'full' or lacks the loss panel in nats/token")
     print(f"logging.plot: the trainer wrote {os.path.getsize(svg)} bytes of SVG beside its metrics file")
 
     resumed = os.path.join(tmp, "resumed.jsonl")
@@ -201,12 +197,45 @@ def check_plot(plot, full, resumed, out_dir):
     print(f"plot: PNG rendered by rsvg-convert at {os.path.abspath(png)} ({image.shape[1]}x{image.shape[0]})")
 
 
+def dotted_lines(svg_text):
+    """The x of each dotted vertical line (resume marks and the legend's key)."""
+    return [float(x) for x, x2 in re.findall(r'<line x1="([\d.]+)" y1="[\d.]+" x2="([\d.]+)" y2="[\d.]+" '
+                                             r'stroke="[^"]+" stroke-width="1.0" stroke-dasharray="2,3"/>', svg_text)
+            if x == x2]
+
+
+def check_names_and_marks(trainer, plot, tmp):
+    metrics = os.path.join(tmp, "named.jsonl")
+    ckpt = os.path.join(tmp, "tiny-run")
+    common = ["--steps", "30"] + sets(checkpoint__dir=ckpt, checkpoint__interval=10, logging__plot="true")
+    train(trainer, metrics, *common, "--stop-after", "20")
+    with open(metrics + ".svg") as f:
+        if ">shardtrain: tiny-run</text>" not in f.read():
+            fail("without logging.run_name the plot is not titled by checkpoint.dir's name 'tiny-run'")
+    train(trainer, metrics, *common, *sets(logging__run_name="tiny-a"))
+    events = [(r["event"], r["step"], r["run_name"]) for r in metrics_lines(metrics) if "event" in r]
+    if events != [("start", 0, "tiny-run"), ("resume", 20, "tiny-a")]:
+        fail(f"the metrics file's event lines are {events}")
+    if [r["step"] for r in metrics_rows(metrics)] != list(range(1, 31)):
+        fail("the resumed file does not hold steps 1..30 once each")
+    with open(metrics + ".svg") as f:
+        text = f.read()
+    if ">shardtrain: tiny-a</text>" not in text or ">tiny-a</text>" not in text:
+        fail("logging.run_name does not title the plot or name its legend entry")
+    if ">resume (a redone step shows its later value)</text>" not in text or len(dotted_lines(text)) != 2:
+        fail(f"the resume at step 20 has no mark: dotted lines at {dotted_lines(text)} (want the mark and its key)")
+    out = os.path.join(tmp, "named.svg")
+    expect(run([plot, metrics, "-o", out]), 0, "(tiny-a: steps 1..30, 1 restart(s))", what="plot by run name")
+    print(f"run_name: default 'tiny-run' (checkpoint.dir), then 'tiny-a' titles and labels the plot; events {events}; "
+          "the resume at step 20 (no step redone) is marked")
+
+
 def check_toy(trainer, tmp):
     metrics = os.path.join(tmp, "toy.jsonl")
     run([trainer, "--config", "configs/toy.yaml", "--steps", "20"] +
         sets(logging__metrics_file=metrics, logging__plot="true", checkpoint__interval=0))
     with open(metrics + ".svg") as f:
-        if ">throughput (samples/s)</text>" not in f.read():
+        if ">throughput (samples/s, all ranks)</text>" not in f.read():
             fail("the toy model's plot does not show samples/s")
     print("toy: no tokens, so the throughput panel is in samples/s")
     # A metrics file with a line the plot cannot read (a killed run's half line): a warning, and training goes on.
@@ -257,6 +286,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         full, resumed = check_runs(trainer, tmp)
         check_plot(plot, full, resumed, out_dir)
+        check_names_and_marks(trainer, plot, tmp)
         check_toy(trainer, tmp)
         check_errors(trainer, plot, full, tmp)
 

@@ -20,7 +20,6 @@ Values only, never timings. CHECK is one of:
                and on
 Each check prints what it measured; a failure exits 1.
 """
-import json
 import os
 import re
 import subprocess
@@ -28,7 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, fail, mpirun  # noqa: E402
+from harness import ROOT, fail, metrics_rows, mpirun  # noqa: E402
 
 CONFIG = "configs/llama-tiny.yaml"
 # Per-step percentages are printed with one decimal, up to 8 of them per view.
@@ -140,8 +139,7 @@ def check_recompute(trainer):
 def losses(trainer, sets, env, tmp, name):
     path = os.path.join(tmp, name + ".jsonl")
     run(trainer, 2, sets, env=env, metrics=path)
-    with open(path) as f:
-        return [json.loads(line)["loss"] for line in f]
+    return [r["loss"] for r in metrics_rows(path)]
 
 
 def check_determinism(trainer):

@@ -13,6 +13,12 @@ CHECK is one of:
               that does not divide world x micro-batch fail with a clear message
   fsdp-default  -np 4 with configs/llama-tiny.yaml trains with FULL_SHARD, BF16 and
               recomputation (as the log says) and the loss falls
+  step-line   llama-tiny at 2 ranks, 12 steps, logging.interval 5: the metrics file has every
+              step, its keys start step, loss; each step line's loss, ms/step and tok/s are the
+              means over its interval recomputed here from the file's per-step values (the
+              process's first step untimed), its MFU is those tok/s against the measured CPU
+              peak, elapsed and eta read NmSSs, and the summary's tok/s is the same mean over
+              steps 2..12; the 1.7 MB save's line gives its size and time but no rate
   fsdp-bad-input  a shard_group_size that does not divide the world, an unknown module
               type in the wrap list and an unknown strategy fail with a clear message
   gpu         llama-tiny, 20 steps, on the GPU vs on the CPU with the same config: per-step
@@ -25,14 +31,14 @@ Each check prints what it measured; a failure exits 1. The gpu checks exit 77
 (CTest's skip) when no GPU is visible.
 """
 import collections
-import json
 import math
 import os
+import re
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import SKIP, TEXT, check_main, fail, mpirun, run  # noqa: E402
+from harness import SKIP, TEXT, check_main, fail, metrics_rows, mpirun, run  # noqa: E402
 
 # The toy bound, stated here and in docs/training.md ("Correctness checks"). Measured on the CI machine
 # kind: 0.696 -> 0.072 (ratio 0.10) in 50 steps, so 0.5 leaves room for
@@ -63,8 +69,7 @@ def losses(trainer, config, sets, np=None, tmp="."):
     for s in sets:
         cmd += ["--set", s]
     run((mpirun(np) if np else []) + cmd)
-    with open(metrics) as f:
-        rows = [json.loads(line) for line in f]
+    rows = metrics_rows(metrics)
     # Models without tokens (the toy) report samples/s only.
     rate = "samples_per_s" if "toy" in config else "tokens_per_s"
     for key in ("step", "loss", "lr", "grad_norm", rate, "samples_per_s", "elapsed_s", "peak_bytes"):
@@ -136,8 +141,7 @@ def check_fsdp_default(trainer, tmp):
     want = "4 rank(s), FULL_SHARD (shard groups of 4), param_dtype bf16, reduce_dtype f32, recomputed layers 2"
     if want not in proc.stderr:
         fail(f"the log does not say: {want}")
-    with open(metrics) as f:
-        ls = [json.loads(line)["loss"] for line in f]
+    ls = [r["loss"] for r in metrics_rows(metrics)]
     print(f"fsdp-default: {want}; loss {ls[0]:.4f} -> {ls[-1]:.4f} over {len(ls)} steps")
     if not ls[-1] < ls[0] - 1.0:
         fail("the loss did not fall by at least 1 nat")
@@ -190,8 +194,61 @@ def check_gpu_mpi(trainer, tmp):
             fail(f"{np} ranks on one GPU do not match one rank")
 
 
+STEP_LINE = re.compile(r"step (\d+)/12 \| loss ([\d.]+) \| lr \S+ \| grad_norm [\d.]+ \| ([\d,]+) tok/s \(all ranks\) \| "
+                       r"([\d.]+) ms/step \| mfu ([\d.]+)% \| peak [\d.]+ [kMGT]?B \| elapsed (\d+m\d\ds) \| eta (\d+m\d\ds)$")
+
+
+def check_step_line(trainer, tmp):
+    metrics = os.path.join(tmp, "m.jsonl")
+    proc = run(mpirun(2) + [trainer, "--config", "configs/llama-tiny.yaml", "--steps", "12", "--set",
+                            "logging.interval=5", "--set", f"logging.metrics_file={metrics}", "--set",
+                            f"checkpoint.dir={os.path.join(tmp, 'ck')}"])
+    # A save of 1.7 MB gives its size and time, no rate (its time is fixed costs).
+    save = re.search(r"saved checkpoint \S+/step-000010 \(unified\): ([\d.]+ [kM]B in [\d.]+ s), training blocked "
+                     r"[\d.]+ s$", proc.stderr, flags=re.M)
+    if not save:
+        fail("the save line is not 'saved checkpoint DIR/step-000010 (unified): SIZE in T s, training blocked T s'")
+    with open(metrics) as f:
+        lines = [ln for ln in f.read().splitlines() if '"event"' not in ln]
+    rows = metrics_rows(metrics)
+    if [r["step"] for r in rows] != list(range(1, 13)):
+        fail(f"the metrics file holds steps {[r['step'] for r in rows]}, not every step 1..12")
+    if not all(ln.startswith('{"step":%d,"loss":' % r["step"]) for ln, r in zip(lines, rows)):
+        fail(f"a metrics line does not start with step, then loss: {lines[0][:80]}")
+    tokens = 12 * 32  # configs/llama-tiny.yaml: global batch 12, seq_len 32
+    peak = float(re.search(r"device peak ([\d.]+) GFLOP/s per rank \(512\^3 \S+ through ops::gemm, measured in "
+                           r"[\d.]+ s\)", proc.stderr)[1]) * 1e9
+    flops = float(re.search(r"model FLOPs: (\S+) per token", proc.stderr)[1])
+    found = [STEP_LINE.search(ln) for ln in proc.stderr.splitlines() if re.search(r"step \d+/12 \|", ln)]
+    if None in found or [int(m[1]) for m in found] != [5, 10, 12]:
+        fail("step lines not as expected:\n" + "\n".join(ln for ln in proc.stderr.splitlines() if "/12 |" in ln))
+    before = 0
+    for m in found:
+        step = int(m[1])
+        interval = [r for r in rows if before < r["step"] <= step]
+        timed = [r for r in interval if r["step"] > 1] or interval  # step 1 includes warm-up
+        loss = sum(r["loss"] for r in interval) / len(interval)
+        ms = sum(r["step_ms"] for r in timed) / len(timed)
+        rate = tokens / (ms / 1e3)
+        mfu = 100 * rate / 2 * flops / peak
+        if (abs(float(m[2]) - loss) > 5.1e-5 or abs(float(m[4]) - ms) > 0.051 or
+                abs(int(m[3].replace(",", "")) - rate) > 0.51 + 1e-3 * rate or abs(float(m[5]) - mfu) > 0.051 + 0.01 * mfu):
+            fail(f"step {step}: line says loss {m[2]}, {m[4]} ms/step, {m[3]} tok/s, mfu {m[5]}%; the file's steps "
+                 f"{before + 1}..{step} give {loss:.4f}, {ms:.1f}, {rate:,.0f}, {mfu:.1f}%")
+        before = step
+    timed = rows[1:]
+    rate = tokens * len(timed) / sum(r["step_ms"] / 1e3 for r in timed)
+    summary = re.search(r"done: steps 1\.\.12, final loss [\d.]+, ([\d,]+) tok/s \(all ranks, steps 2\.\.12, MFU [\d.]+%\)",
+                        proc.stderr)
+    if not summary or abs(int(summary[1].replace(",", "")) - rate) > 0.51 + 1e-3 * rate:
+        fail(f"the summary's tok/s is not the mean over steps 2..12 ({rate:,.0f}): {summary and summary[0]}")
+    print(f"step-line: 12 steps in the file, lines at 5, 10, 12 match the file's means "
+          f"(e.g. {found[-1][0]}); summary {summary[1]} tok/s = steps 2..12")
+
+
 def main():
     check_main({"toy": check_toy, "text": check_text, "dp": check_dp, "bad-input": check_bad_input,
+                "step-line": check_step_line,
                 "fsdp-default": check_fsdp_default, "fsdp-bad-input": check_fsdp_bad_input, "gpu": check_gpu,
                 "gpu-mpi": check_gpu_mpi})
 

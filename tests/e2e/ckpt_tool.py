@@ -45,7 +45,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, fail, mpirun, resum_marker, run  # noqa: E402
+from harness import ROOT, fail, loss_by_step, mpirun, resum_marker, run  # noqa: E402
 
 CONFIG = "configs/llama-tiny.yaml"
 FORMATS = ("sharded", "unified")
@@ -191,8 +191,7 @@ class Env:
             os.remove(metrics)
         run(mpirun(np_) + [self.trainer, "--config", CONFIG, "--steps", str(STEPS), "--set",
                            f"logging.metrics_file={metrics}"] + extra)
-        with open(metrics) as f:
-            return {r["step"]: r["loss"] for r in map(json.loads, f)}
+        return loss_by_step(metrics)
 
     def checkpoint(self, fmt):
         """A checkpoint root with step-000003 in `fmt`, saved by TRAIN_NP ranks."""

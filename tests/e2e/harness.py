@@ -81,10 +81,22 @@ def check_main(checks, programs=1):
 
 # --- reading what the programs wrote ---------------------------------------------------
 
-def loss_by_step(path):
-    """{step: loss} of a metrics JSONL file."""
+def metrics_lines(path):
+    """Every line of a metrics JSONL file as a dict, in file order (blank lines skipped)."""
     with open(path) as f:
-        return {r["step"]: r["loss"] for r in map(json.loads, f)}
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def metrics_rows(path):
+    """The step lines of a metrics JSONL file, in file order: the event lines
+    ({"event": "start"|"resume", "step": N, "run_name": ...}) that mark where
+    each run began are left out."""
+    return [r for r in metrics_lines(path) if "event" not in r]
+
+
+def loss_by_step(path):
+    """{step: loss} of a metrics JSONL file (for a step logged twice, the later line)."""
+    return {r["step"]: r["loss"] for r in metrics_rows(path)}
 
 
 def rank_pids(tag):

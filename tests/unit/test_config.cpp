@@ -639,10 +639,27 @@ TEST(Config, ToYamlRoundTrips) {
   EXPECT_NE(defaults.find("\n    module_types: [DecoderLayer]\n"), std::string::npos);
 }
 
+// logging.run_name names the plot and the metrics file's event lines; its
+// default comes from checkpoint.dir, else from the metrics file.
+TEST(Config, RunNameDefaultsToTheCheckpointDirectory) {
+  Config c;
+  EXPECT_EQ(run_name(c), "");
+  c.logging.metrics_file = "runs/fortunes/metrics.jsonl";
+  EXPECT_EQ(run_name(c), "metrics");
+  c.checkpoint.dir = "runs/fortunes/";
+  EXPECT_EQ(run_name(c), "fortunes");
+  c.checkpoint.dir = "ckpt/tiny";
+  EXPECT_EQ(run_name(c), "tiny");
+  c.logging.run_name = "tiny-bf16";
+  EXPECT_EQ(run_name(c), "tiny-bf16");
+  EXPECT_EQ(validate_error([](Config& bad) { bad.logging.run_name = "a\nb"; }),
+            "invalid value \"a\\nb\" for 'logging.run_name': expected a name on one line");
+}
+
 TEST(Config, ConfigKeysCoverEveryKeyOnce) {
   const std::vector<ConfigKeyDoc> keys = config_keys();
-  // 12 model + 7 train + 7 data + 5 eval + 11 optim + 12 fsdp + 10 checkpoint + 1 comm + 5 logging.
-  EXPECT_EQ(keys.size(), 70u);
+  // 12 model + 7 train + 7 data + 5 eval + 11 optim + 12 fsdp + 10 checkpoint + 1 comm + 6 logging.
+  EXPECT_EQ(keys.size(), 71u);
   std::set<std::string> names;
   for (const ConfigKeyDoc& k : keys) {
     EXPECT_TRUE(names.insert(k.key).second) << "duplicate " << k.key;

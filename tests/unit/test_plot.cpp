@@ -116,6 +116,33 @@ TEST(PlotMetrics, ResumedRunLaterLinesWin) {
   EXPECT_EQ(again.records[0].lr, 0.001);  // a field the later line lacks keeps its value
 }
 
+// The trainer writes an event line where each run begins: a resume is a
+// restart even when the steps do not go back, and the line is no step.
+TEST(PlotMetrics, EventLinesMarkResumesAndNameTheRun) {
+  const std::string text = format_event_json(RunEvent::Start, 0, "fortunes") + "\n" +
+                           R"({"step":1,"loss":5.0}
+{"step":2,"loss":4.5}
+)" + format_event_json(RunEvent::Resume, 2, "fortunes-b") +
+                           "\n" + R"({"step":3,"loss":4.0}
+)" + format_event_json(RunEvent::Resume, 2, "") +
+                           "\n" + R"({"step":3,"loss":3.9}
+)";
+  const MetricsLog log = parse_metrics(text, "m.jsonl");
+  EXPECT_EQ(log.restarts, (std::vector<int64_t>{2, 2}));  // one mark per resume, none for the start
+  EXPECT_EQ(log.run_name, "fortunes-b");                  // the last event that names one
+  ASSERT_EQ(log.records.size(), 3u);
+  EXPECT_EQ(log.records[2].loss, 3.9);
+  EXPECT_EQ(format_event_json(RunEvent::Resume, 600, "fortunes"),
+            R"({"event":"resume","step":600,"run_name":"fortunes"})");
+  EXPECT_EQ(format_event_json(RunEvent::Start, 0, "a\"b"), R"({"event":"start","step":0,"run_name":"a\"b"})");
+  // A fresh run appended to an old file starts below its last step: a restart too.
+  EXPECT_EQ(parse_metrics(text + format_event_json(RunEvent::Start, 0, "x") + "\n{\"step\":1}\n", "m").restarts,
+            (std::vector<int64_t>{2, 2, 0}));
+  // A file holding only an event line (a run stopped before its first step) has no steps.
+  EXPECT_EQ(error_of([] { parse_metrics(format_event_json(RunEvent::Resume, 4, "r") + "\n", "m.jsonl"); }),
+            "m.jsonl: no steps (an empty metrics file)");
+}
+
 TEST(PlotMetrics, ErrorsNameTheFileAndLine) {
   EXPECT_EQ(error_of([] { parse_metrics("{\"step\":1,\"loss\":2}\n\n{\"step\":2,\"loss\":\n", "m.jsonl"); }),
             "m.jsonl:3: not a JSON object (a metrics file holds one per line): {\"step\":2,\"loss\":");
@@ -152,12 +179,105 @@ StepMetrics step_metrics(int64_t step) {
   return m;
 }
 
+// The keys a reader looks for come first: step, loss, val_loss; then the rest
+// in a fixed order (the file is read with `cut -c1-80`, `grep`, `head`).
+TEST(MetricsFormat, JsonKeysStartWithStepAndLoss) {
+  StepMetrics m;
+  m.step = 600;
+  m.total_steps = 600;
+  m.loss = 2.25;
+  m.lr = 0.0005;
+  m.grad_norm = 0.5;
+  m.tokens_per_s = 6400;
+  m.samples_per_s = 50;
+  m.step_ms = 20;
+  m.elapsed_s = 118.5;
+  m.peak_bytes = 1000;
+  EXPECT_EQ(format_step_json(m),
+            R"({"step":600,"loss":2.25,"lr":0.0005,"grad_norm":0.5,"tokens_per_s":6400.0,"samples_per_s":50.0,)"
+            R"("step_ms":20.0,"elapsed_s":118.5,"peak_bytes":1000})");
+  m.val_loss = 2.5;
+  m.val_ppl = 12.25;
+  m.mfu = 0.125;
+  EXPECT_EQ(
+      format_step_json(m),
+      R"({"step":600,"loss":2.25,"val_loss":2.5,"val_ppl":12.25,"lr":0.0005,"grad_norm":0.5,"tokens_per_s":6400.0,)"
+      R"("samples_per_s":50.0,"step_ms":20.0,"mfu":0.125,"elapsed_s":118.5,"peak_bytes":1000})");
+  // Read back, the order does not matter.
+  const MetricsLog log = parse_metrics(format_step_json(m) + "\n", "m");
+  EXPECT_EQ(log.records[0].val_loss, 2.5);
+  EXPECT_EQ(log.records[0].tokens_per_s, 6400);
+}
+
+// One duration format, whatever the length: minutes and seconds, then hours and minutes.
+TEST(MetricsFormat, DurationsHaveOneFormat) {
+  EXPECT_EQ(format_duration(0), "0m00s");
+  EXPECT_EQ(format_duration(4.4), "0m04s");
+  EXPECT_EQ(format_duration(59.6), "1m00s");
+  EXPECT_EQ(format_duration(118.1), "1m58s");
+  EXPECT_EQ(format_duration(3599.4), "59m59s");
+  EXPECT_EQ(format_duration(3599.6), "1h00m");
+  EXPECT_EQ(format_duration(2 * 3600 + 3 * 60 + 10), "2h03m");
+  EXPECT_EQ(format_duration(100 * 3600), "100h00m");
+  EXPECT_EQ(format_duration(-1), "0m00s");
+  EXPECT_EQ(format_duration(std::nan("")), "0m00s");
+}
+
+TEST(MetricsFormat, StepLine) {
+  StepMetrics m;
+  m.step = 20;
+  m.total_steps = 600;
+  m.loss = 5.12346;
+  m.lr = 0.0003;
+  m.grad_norm = 1.2344;
+  m.tokens_per_s = 12345.4;
+  m.samples_per_s = 96.4;
+  m.step_ms = 123.44;
+  m.peak_bytes = 1230000000;
+  m.elapsed_s = 12.4;
+  m.eta_s = 118.1;
+  EXPECT_EQ(format_step_line(m),
+            "step 20/600 | loss 5.1235 | lr 3.00e-04 | grad_norm 1.234 | 12,345 tok/s (all ranks) | 123.4 ms/step | "
+            "peak 1.23 GB | elapsed 0m12s | eta 1m58s");
+  m.peak_bytes = 1900000;  // in the unit that fits: "1.9 MB", not "0.00 GB"
+  EXPECT_NE(format_step_line(m).find("| peak 1.9 MB |"), std::string::npos);
+  m.peak_bytes = 1230000000;
+  m.mfu = 0.4134;
+  m.val_loss = 2.34568;
+  m.val_ppl = 10.44;
+  m.eta_s = 2 * 3600 + 3 * 60;
+  EXPECT_EQ(format_step_line(m),
+            "step 20/600 | loss 5.1235 | lr 3.00e-04 | grad_norm 1.234 | 12,345 tok/s (all ranks) | 123.4 ms/step | "
+            "mfu 41.3% | peak 1.23 GB | elapsed 0m12s | eta 2h03m | val_loss 2.3457 (ppl 10.4)");
+  m.tokens_per_s = -1;  // the toy model: samples
+  m.val_ppl.reset();
+  EXPECT_NE(format_step_line(m).find("| 96 samples/s (all ranks) |"), std::string::npos);
+}
+
+// The step line's means: the loss over every step since the last line, the
+// time over its timed steps (the process's warm-up step only when alone).
+TEST(MetricsFormat, IntervalMeans) {
+  IntervalMeans means;
+  means.add(6.0, 3.0, /*warm_up=*/true);
+  EXPECT_EQ(means.loss(), 6.0);
+  EXPECT_EQ(means.seconds_per_step(), 3.0);  // alone, the warm-up step is the figure
+  means.add(5.0, 0.5, false);
+  means.add(4.0, 1.0, false);
+  EXPECT_EQ(means.steps(), 3);
+  EXPECT_EQ(means.loss(), 5.0);
+  EXPECT_EQ(means.seconds_per_step(), 0.75);
+  means.reset();
+  means.add(3.0, 0.25, false);
+  EXPECT_EQ(means.loss(), 3.0);
+  EXPECT_EQ(means.seconds_per_step(), 0.25);
+}
+
 // A run killed mid-line (or out of space) leaves a half line; the next run's
 // MetricsFile cuts it off before appending, so the file reads back whole.
 TEST(MetricsFile, CutsAHalfWrittenLastLineAtOpen) {
   const std::filesystem::path path = std::filesystem::temp_directory_path() / "st_test_metrics_half.jsonl";
   const std::string complete = format_step_json(step_metrics(1)) + "\n" + format_step_json(step_metrics(2)) + "\n";
-  const std::string half = R"({"elapsed_s":1.5,"grad_norm":0.3,"lo)";
+  const std::string half = R"({"step":3,"loss":2.5,"lr":0.0,"gr)";
   std::ofstream(path, std::ios::binary) << complete << half;
   {
     MetricsFile file(path.string());
@@ -166,6 +286,11 @@ TEST(MetricsFile, CutsAHalfWrittenLastLineAtOpen) {
     EXPECT_TRUE(file.append(step_metrics(3)));
   }
   EXPECT_EQ(read_all(path), complete + format_step_json(step_metrics(3)) + "\n");
+  {
+    MetricsFile file(path.string());
+    EXPECT_TRUE(file.append_event(RunEvent::Resume, 3, "half"));
+  }
+  EXPECT_EQ(read_metrics_file(path.string()).restarts, (std::vector<int64_t>{3}));
   EXPECT_EQ(read_metrics_file(path.string()).records.size(), 3u);
   {
     MetricsFile file(path.string());  // whole lines only: nothing to cut
@@ -216,9 +341,11 @@ TEST(PlotSvg, SelfContainedAndDeterministic) {
   EXPECT_NE(svg.find(">uninterrupted</text>"), std::string::npos);
   EXPECT_NE(svg.find(">a&lt;b &amp; &quot;c&quot;</text>"), std::string::npos);
   EXPECT_NE(svg.find(">validation loss</text>"), std::string::npos);
-  EXPECT_NE(svg.find(">restart (steps redone; the later line counts)</text>"), std::string::npos);
-  for (const char* title : {">loss</text>", ">learning rate</text>", ">throughput (tokens/s)</text>",
-                            ">gradient norm (before clipping)</text>", ">shardtrain: uninterrupted, a&lt;b"})
+  EXPECT_NE(svg.find(">resume (a redone step shows its later value)</text>"), std::string::npos);
+  // Each panel's title gives its unit.
+  for (const char* title :
+       {">loss (nats/token)</text>", ">learning rate</text>", ">throughput (tokens/s, all ranks)</text>",
+        ">gradient norm (L2, before clipping)</text>", ">shardtrain: uninterrupted, a&lt;b"})
     EXPECT_NE(svg.find(title), std::string::npos) << title;
   // Each run's colour draws its curves: the first run wider than the second.
   EXPECT_NE(svg.find("stroke=\"#1f77b4\" stroke-width=\"4.0\""), std::string::npos);
@@ -232,7 +359,8 @@ TEST(PlotSvg, OptionsAndErrors) {
   // The toy model has no tokens: throughput falls back to samples/s for every run.
   runs[1].log.records[0].tokens_per_s = MetricsRecord::kAbsent;
   for (MetricsRecord& r : runs[1].log.records) r.tokens_per_s = MetricsRecord::kAbsent;
-  EXPECT_NE(render_svg(runs).find(">throughput (samples/s)</text>"), std::string::npos);
+  EXPECT_NE(render_svg(runs).find(">throughput (samples/s, all ranks)</text>"), std::string::npos);
+  EXPECT_NE(render_svg(runs).find(">loss (mean squared error)</text>"), std::string::npos);
 
   runs[1].log.records[2].loss = -0.5;
   EXPECT_EQ(error_of([&] { render_svg(runs, {.title = "", .loss_scale = AxisScale::Log}); }),
@@ -248,7 +376,8 @@ TEST(PlotSvg, ValuesNoAxisCanDrawAreRefusedByName) {
   const MetricsLog huge = parse_metrics("{\"step\": 1, \"loss\": 1e308}\n{\"step\": 2, \"loss\": -1e308}\n", "m.jsonl");
   const PlotRun runs[] = {{"big", huge}};
   EXPECT_EQ(error_of([&] { render_svg(runs); }),
-            "run 'big': loss value 1e+308 at step 1 cannot be drawn (magnitudes from 1e-200 to 1e+200 can; is the "
+            "run 'big': loss (mean squared error) value 1e+308 at step 1 cannot be drawn (magnitudes from 1e-200 to "
+            "1e+200 can; is the "
             "metrics file damaged?)");
   const MetricsLog tiny = parse_metrics("{\"step\": 3, \"loss\": 1, \"lr\": 1e-308}\n", "m.jsonl");
   const PlotRun tiny_runs[] = {{"small", tiny}};
@@ -258,7 +387,7 @@ TEST(PlotSvg, ValuesNoAxisCanDrawAreRefusedByName) {
   // Zero and ordinary values still draw, and so does one step at the end of int64_t.
   const MetricsLog last = parse_metrics("{\"step\": 9223372036854775807, \"loss\": 0, \"lr\": 3e-4}\n", "m.jsonl");
   const PlotRun last_runs[] = {{"last", last}};
-  EXPECT_NE(render_svg(last_runs).find(">loss</text>"), std::string::npos);
+  EXPECT_NE(render_svg(last_runs).find(">loss (mean squared error)</text>"), std::string::npos);
 }
 
 TEST(PlotSvg, LongRunsStaySmall) {
