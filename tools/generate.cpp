@@ -300,7 +300,8 @@ std::pair<bool, std::string> bos_rule(const Tokenizer& tokenizer, const fs::path
   ST_CHECK(j["add_bos_token"].is_boolean(), "{}: add_bos_token is {}, expected true or false", config.string(),
            j["add_bos_token"].dump());
   const bool add = j["add_bos_token"].get<bool>();
-  return {add, format("{} ({}: add_bos_token {})", add ? "BOS first" : "no BOS", config.string(), add)};
+  return {add,
+          format("{} ({}: add_bos_token {})", add ? "BOS first" : "no BOS", config.string(), add ? "true" : "false")};
 }
 
 /// The codec of `tokenizer`, whose tokenizer_config.json (if any) is in `config_dir`.
@@ -366,7 +367,8 @@ Prompt read_prompt(const GenerateArgs& args) {
 std::vector<int32_t> encode_prompt(const Prompt& prompt, const TextCodec& codec, const st::ModelConfig& config) {
   std::vector<int32_t> ids = codec.prompt_ids(prompt.text);
   const auto n = static_cast<int64_t>(ids.size());
-  ST_CHECK(n >= 1, "{} is empty and there is no BOS to start from ({}): give some text", prompt.what, codec.bos_rule);
+  ST_CHECK(n >= 1, "{} is empty, and with {} there is nothing to continue: give some text", prompt.what,
+           codec.bos_rule);
   ST_CHECK(n <= config.max_position_embeddings,
            "{} is {} tokens long, more than the model's model.max_position_embeddings ({})", prompt.what, n,
            config.max_position_embeddings);
