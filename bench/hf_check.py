@@ -12,7 +12,8 @@ machine's python3 has it) the script
     AutoModelForCausalLM.from_pretrained(dtype float32) exactly as a user
     would, recording every warning transformers prints or raises;
   - checks that the loaded weights equal our model-*.safetensors bit for bit;
-  - encodes each prompt with both tokenizers (ids must match);
+  - encodes each prompt with both tokenizers as their users call them
+    (`tokenizer(prompt)`, BOS first; generate's default), ids must match;
   - runs transformers' forward on one batch (the prompts cut to the shortest
     one's length) and compares every logit with what `generate --logits`
     wrote from our forward, within an F32 bound;
@@ -200,7 +201,7 @@ def main():
     # Tokenizers: the same ids for each prompt, the same text for each continuation.
     if tokenizer is not None:
         for prompt, (out, _) in zip(PROMPTS, runs):
-            hf_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            hf_ids = tokenizer(prompt)["input_ids"]  # as a user calls it: BOS first (add_bos_token), as generate
             check(f"tokenize {prompt[:24]!r}", hf_ids == out["prompt_ids"],
                   f"{len(hf_ids)} ids" + ("" if hf_ids == out["prompt_ids"] else f": ours {out['prompt_ids']}, "
                                                                                   f"transformers {hf_ids}"))

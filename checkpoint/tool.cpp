@@ -90,6 +90,21 @@ std::vector<TensorRef> display_order(const Catalog& catalog) {
   return refs;
 }
 
+/// "39 model, 39 master, 39 exp_avg, 39 exp_avg_sq": every stored tensor,
+/// counted by kind in display order. inspect and convert both say it, so
+/// their counts of one checkpoint agree and show why layouts differ (model-*
+/// are stored by the unified layout only).
+std::string kind_counts(const Catalog& catalog) {
+  std::map<std::string, int64_t> by_kind;
+  for (const auto& entry : catalog.tensors) ++by_kind[entry.first.second];
+  std::vector<std::pair<std::string, int64_t>> kinds(by_kind.begin(), by_kind.end());
+  std::stable_sort(kinds.begin(), kinds.end(),
+                   [](const auto& x, const auto& y) { return kind_rank(x.first) < kind_rank(y.first); });
+  std::string parts;
+  for (const auto& [kind, n] : kinds) parts += format("{}{} {}", parts.empty() ? "" : ", ", n, kind);
+  return parts;
+}
+
 int64_t stored_bytes(const StoredTensor& t) {
   int64_t n = 0;
   for (const ChunkRecord& c : t.chunks) n += c.numel;
@@ -169,8 +184,8 @@ std::string inspection_header(const Inspection& in) {
     os << "  complete     " << (in.incomplete.empty() ? "yes" : "NO: " + in.incomplete) << "\n";
   int64_t file_bytes = 0;
   for (const DirFile& f : in.files) file_bytes += std::max<int64_t>(f.bytes, 0);
-  os << "  tensors      " << cat.tensors.size() << ", " << human_bytes(cat.total_bytes()) << " of data; "
-     << in.files.size() << " files, " << human_bytes(file_bytes) << "\n\n";
+  os << "  tensors      " << cat.tensors.size() << " (" << kind_counts(cat) << "), " << human_bytes(cat.total_bytes())
+     << " of data; " << in.files.size() << " files, " << human_bytes(file_bytes) << "\n\n";
   return os.str();
 }
 
@@ -557,10 +572,9 @@ Conversion open_conversion(const std::string& path, Layout to, const std::string
   return c;
 }
 
-/// The entries one rank loads, and the number of tensors converted.
+/// The entries one rank loads.
 struct Share {
   std::vector<StateEntry> entries;
-  int64_t tensors = 0;
 };
 
 /// Rank `rank`'s contiguous share of every stored tensor. The model-* weights
@@ -575,7 +589,6 @@ Share share_of(const Catalog& catalog, int rank, int world) {
       if (has_master) continue;
       kind = kMasterKind;
     }
-    ++share.tensors;
     const DType dtype = kind == kMasterKind ? DType::F32 : t.dtype;
     const int64_t numel = shape_numel(t.shape);
     const int64_t begin = numel * rank / world;
@@ -770,9 +783,15 @@ std::string convert_checkpoint(const std::string& path, Layout to, const std::st
     if (rank == 0) finish_output(c, saved, options, *tmp, std::move(written));
   });
   if (rank != 0) return "";
-  return format("converted {} ({}, {} process(es)) to {} ({}) with {} process(es): {} tensors, {}", c.src.path,
-                c.catalog.format, c.catalog.world_size, c.out_path.string(), layout_name(to), group.size(),
-                share.tensors, human_bytes(c.catalog.total_bytes()));
+  // Counted as inspect counts them, in and out: the sharded layout stores no
+  // model-* copy of the master weights, so its count differs from a unified one's.
+  const Catalog written_catalog = read_catalog(c.out_path.string());
+  return format(
+      "converted {} ({}, {} process(es)) to {} ({}) with {} process(es): read {} tensors ({}), wrote {} "
+      "tensors ({}), {}",
+      c.src.path, c.catalog.format, c.catalog.world_size, c.out_path.string(), layout_name(to), group.size(),
+      c.catalog.tensors.size(), kind_counts(c.catalog), written_catalog.tensors.size(), kind_counts(written_catalog),
+      human_bytes(written_catalog.total_bytes()));
 }
 
 namespace {

@@ -94,7 +94,9 @@ struct ConvertOptions {
 /// COMPLETE marker. `out` must not exist; it appears only when complete
 /// (written into a temporary sibling, then renamed). A failure on any rank
 /// throws on every rank and leaves no `out`. Returns a one-line summary on
-/// rank 0, "" elsewhere.
+/// rank 0 ("" elsewhere) counting the tensors read and written by kind, as
+/// inspect counts them: "read 156 tensors (39 model, 39 master, 39 exp_avg,
+/// 39 exp_avg_sq), wrote 117 tensors (39 master, ...)" for unified -> sharded.
 std::string convert_checkpoint(const std::string& path, Layout to, const std::string& out, ProcessGroup& group,
                                const ConvertOptions& options = {});
 

@@ -48,7 +48,7 @@ cli::Parser trainer_parser(TrainerArgs& args) {
       .flag(
           "--profile", [&args] { args.overrides.push_back("logging.profile=true"); },
           "same as --set logging.profile=true: print where each step's time went and a\n"
-          "summary table at the end (see the README's \"Reading the step profile\")")
+          "summary table at the end (see docs/training.md, \"Reading the step profile\")")
       .flag("--print-config", &args.print_config, "print the resolved configuration as YAML and exit")
       .option("--log-level", "L", &args.log_level, "debug | info | warn | error (overrides logging.level)")
       .flag("--self-check", &args.self_check,

@@ -1,6 +1,8 @@
 #include "launch/save_resume.h"
 
 #include <algorithm>
+#include <array>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -70,6 +72,42 @@ std::vector<checkpoint::ExtraFile> tokenizer_files(const Config& config) {
 }
 
 [[noreturn]] void throw_misfit(const std::string& message) { throw checkpoint::Misfit(message, __FILE__, __LINE__); }
+
+/// The shortest text that reads back as `v` (what --set optim.lr=TEXT needs to
+/// give the very rate the checkpoint's schedule ended at).
+std::string shortest_text(double v) {
+  std::array<char, 32> buf{};
+  const auto end = std::to_chars(buf.data(), buf.data() + buf.size(), v).ptr;
+  return std::string(buf.data(), end);
+}
+
+/// How to train on from a checkpoint at or past train.steps. When the saving
+/// run's schedule was longer, its own train.steps continues it. Otherwise a
+/// larger train.steps alone stretches the decay over the new length, so the
+/// rate rises from where the run ended (log_schedule_change warns): hold the
+/// checkpoint's rate with a constant schedule instead (warm-up is over, since
+/// the step is past optim.schedule.warmup_steps).
+std::string train_further_hint(const checkpoint::TrainerState& state, int64_t steps) {
+  const int64_t more = state.step + steps;
+  if (!state.schedule) return format("raise train.steps (e.g. --steps {}) to train further", more);
+  const checkpoint::ScheduleState& schedule = *state.schedule;
+  if (schedule.total_steps > state.step)
+    return format("its run was set to end at step {}: --steps {} continues that schedule", schedule.total_steps,
+                  schedule.total_steps);
+  if (schedule.kind == "constant")
+    return format("raise train.steps to train further: --steps {} (its constant schedule goes on at the same rate)",
+                  more);
+  if (!(schedule.next_lr > 0))
+    return format(
+        "raise train.steps and set a learning rate to train further: --steps {} --set "
+        "optim.schedule.kind=constant --set optim.lr=LR (the {} schedule ended at learning rate 0)",
+        more, schedule.kind);
+  return format(
+      "raise train.steps and hold its final learning rate to train further: --steps {} --set "
+      "optim.schedule.kind=constant --set optim.lr={} (--steps alone stretches the {} schedule and "
+      "the learning rate rises again)",
+      more, shortest_text(schedule.next_lr), schedule.kind);
+}
 
 }  // namespace
 
@@ -191,11 +229,9 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
   fit.config_differences = [&](const std::string& dir) { return config_differences(dir, config_.model); };
   fit.check_state = [&](const checkpoint::TrainerState& state) {
     if (state.step < config_.train.steps) return;
-    throw_misfit(
-        format("checkpoint {} is at step {}, the run ends at step {} (train.steps){}; raise train.steps "
-               "(e.g. --steps {}) to train further",
-               path, state.step, config_.train.steps, state.step == config_.train.steps ? ": this run is finished" : "",
-               state.step + config_.train.steps));
+    throw_misfit(format("checkpoint {} is at step {}, the run ends at step {} (train.steps){}; {}", path, state.step,
+                        config_.train.steps, state.step == config_.train.steps ? ": this run is finished" : "",
+                        train_further_hint(state, config_.train.steps)));
   };
   checkpoint::LoadOptions options;
   options.verify = c.verify;

@@ -13,6 +13,24 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${ST_BUILD_DIR:-$root/build}"
 jobs="${ST_JOBS:-$(nproc)}"
 
+# A build folder copied or moved with the checkout still names the old paths
+# in its CMakeCache.txt, and CMake refuses it with a message about cache
+# directories. Say what happened and what to do instead of guessing: the
+# folder may hold someone's other build, so it is not removed here.
+cache="$build_dir/CMakeCache.txt"
+if [[ -f "$cache" ]]; then
+  cached_build="$(sed -n 's/^CMAKE_CACHEFILE_DIR:INTERNAL=//p' "$cache")"
+  cached_source="$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$cache")"
+  here_build="$(cd "$build_dir" && pwd -P)"
+  if [[ "$cached_build" != "$here_build" && "$cached_build" != "$(cd "$build_dir" && pwd)" ]] ||
+    [[ "$cached_source" != "$root" && "$cached_source" != "$(cd "$root" && pwd -P)" ]]; then
+    echo "setup: $build_dir was configured by another checkout (its CMakeCache.txt names source $cached_source," \
+      "build $cached_build); remove it (rm -rf $build_dir) or build elsewhere" \
+      "(ST_BUILD_DIR=$root/build-new scripts/setup.sh)" >&2
+    exit 1
+  fi
+fi
+
 # Package list: one line per need, so later issues add a line.
 packages=(
   cmake ninja-build g++ pkg-config

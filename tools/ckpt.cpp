@@ -8,7 +8,8 @@
 //   scripts/launch -np 4 build/ckpt convert DIR --to sharded OUT
 //
 // Exit codes: 0 success, 1 an error or a failed verification (one line per
-// problem on stderr), 2 a usage or internal error (run_main, core/cli.h).
+// problem on stderr), 2 a usage or internal error (run_main, core/cli.h), or
+// no arguments at all (the usage on stderr).
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -29,7 +30,7 @@ enum class CkptCommand : uint8_t { Inspect, Verify, Convert };
 
 /// Command line of `ckpt`.
 struct CkptArgs {
-  bool help = false;                           // --help / -h / no arguments
+  bool help = false;                           // --help / -h / help
   CkptCommand command = CkptCommand::Inspect;  // the first argument
   std::string dir;                             // the checkpoint to read
   std::vector<std::string> parts;              // verify: every directory given (hosts' parts of one checkpoint)
@@ -99,10 +100,10 @@ CkptCommand parse_command(const std::string& word) {
   st::cli::usage_error(st::format("unknown command '{}': expected inspect, verify or convert (see --help)", word));
 }
 
-/// Parses argv (without the program name); throws st::cli::UsageError naming the bad argument.
+/// Parses argv (without the program name; not empty); throws st::cli::UsageError naming the bad argument.
 CkptArgs parse_ckpt_args(const std::vector<std::string>& argv) {
   CkptArgs args;
-  if (argv.empty() || argv[0] == "--help" || argv[0] == "-h" || argv[0] == "help") {
+  if (argv[0] == "--help" || argv[0] == "-h" || argv[0] == "help") {
     args.help = true;
     return args;
   }
@@ -144,6 +145,11 @@ st::checkpoint::ConvertOptions convert_options() {
 /// convert are agreed by all ranks, so only rank 0 prints them.
 int run(const std::vector<std::string>& argv, int& rank) {
   namespace ckpt = st::checkpoint;
+  if (argv.empty()) {
+    // No command is a mistake, not a request for help: the usage on stderr, exit 2, as for any usage error.
+    std::fputs(ckpt_usage().c_str(), stderr);
+    return 2;
+  }
   const CkptArgs args = parse_ckpt_args(argv);
   if (args.help) {
     std::fputs(ckpt_usage().c_str(), stdout);

@@ -311,7 +311,7 @@ def check_strict(trainer, ckpt_tool, tmp):
     # Finished runs and corrupt steps.
     proc = run([trainer, "--config", TINY, "--resume", ten, "--steps", "10"], expect_ok=False)
     expect(proc, 1, f"checkpoint {ten} is at step 10, the run ends at step 10 (train.steps): this run is finished; "
-                    "raise train.steps", what="finished run")
+                    "its run was set to end at step 60: --steps 60 continues that schedule", what="finished run")
     state_path = os.path.join(ten, "trainer_state.json")
     with open(state_path) as f:
         good = f.read()

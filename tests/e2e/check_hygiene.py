@@ -12,7 +12,9 @@ CHECK is one of:
                it starts fresh in one line
   messages     what a resumed or short run says: the learning rate under both
                schedules when train.steps changed, keep_last naming what it
-               deletes, a finished run refused, --steps 1 below warmup_steps
+               deletes, a finished run refused with flags that continue it
+               at its final learning rate (run, they give steps 13..24 at
+               lr 3e-4 with no warning), --steps 1 below warmup_steps
                clamped with a warning, skip_save_model_weight with the sharded
                layout refused, --log-level warn keeping the summary line, the
                toy's samples/s, kB-sized memory figures, the resume line saying
@@ -117,9 +119,27 @@ def check_messages(trainer, tmp):
     print("messages: keep_last names each checkpoint it deletes")
 
     done = run([trainer, "--config", TINY, "--steps", "30"] + sets(checkpoint__dir=root), expect_ok=False)
-    expect(done, 1, "is at step 30, the run ends at step 30 (train.steps): this run is finished", what="finished")
+    expect(done, 1, "is at step 30, the run ends at step 30 (train.steps): this run is finished; its run was set "
+           "to end at step 100: --steps 100 continues that schedule", what="finished")
     if "final loss 0.0000" in done.stderr or "0 tokens/s" in done.stderr:
         fail("a finished run printed an empty summary")
+
+    # A run finished by its own schedule: the message gives flags that go on at the rate it ended at
+    # (cosine to min_lr 3e-4), and they work: no second rise of the learning rate, not even a warning.
+    ended = os.path.join(tmp, "msg-ended")
+    run([trainer, "--config", TINY, "--steps", "12"] + sets(checkpoint__dir=ended))
+    again = run([trainer, "--config", TINY, "--steps", "12"] + sets(checkpoint__dir=ended), expect_ok=False)
+    hint = ("this run is finished; raise train.steps and hold its final learning rate to train further: --steps 24 "
+            "--set optim.schedule.kind=constant --set optim.lr=3e-04 (--steps alone stretches the cosine schedule "
+            "and the learning rate rises again)")
+    expect(again, 1, hint, what="finished by its own schedule")
+    flags = hint.split("further: ")[1].split(" (")[0].split()
+    going = run([trainer, "--config", TINY] + flags + sets(checkpoint__dir=ended))
+    out = expect(going, 0, "(train.steps 12 -> 24, cosine -> constant): step 13 uses lr 3.000e-04 under both",
+                 "done: steps 13..24", what="the suggested continuation")
+    if any("WARN" in ln for ln in out.splitlines()):
+        fail(f"the suggested continuation warned: {[ln for ln in out.splitlines() if 'WARN' in ln]}")
+    print(f"messages: a finished run suggests `{' '.join(flags)}`; it runs steps 13..24 at lr 3.000e-04, no warning")
 
     short = run([trainer, "--config", TINY, "--steps", "1"])
     expect(short, 0, "optim.schedule.warmup_steps 2 is longer than the run (train.steps 1); warming up over all 1 "

@@ -11,14 +11,16 @@ checkpoint.format sharded and unified, and then:
             format, step 3 and world size 2, and lists every llama-tiny tensor (master
             or model weights, exp_avg, exp_avg_sq) with the shape, dtype and bytes that
             the checkpoint's own index and safetensors headers give, and with the shapes
-            of the model (123,712 parameters); the text form lists the same tensors
+            of the model (123,712 parameters); the text form lists the same tensors and
+            their count by kind
   verify    passes on the checkpoint ("verified ... : OK"); fails (exit 1) naming the
             file and the tensor after one byte inside a tensor's data is flipped; names
             a deleted file and a truncated one, and trainer_state.json after a
             same-size edit of consumed_samples (its checksum in COMPLETE)
   convert   the checkpoint converted to the other layout with 3 processes, and back with
             1 process (no launcher), holds every tensor byte-identical to the original,
-            and both outputs pass `ckpt verify`
+            and both outputs pass `ckpt verify`; its summary counts the tensors read and
+            written by kind as `inspect` does ("read 84 tensors (21 model, ...), wrote ...")
   resume    `trainer --resume OUT` from the converted checkpoint (and from the round
             trip) continues steps 4..6 with losses bit-identical to resuming the original
   untrusted a data file replaced by a FIFO, or by a symlink to one: `verify` (and
@@ -29,7 +31,8 @@ checkpoint.format sharded and unified, and then:
             '../outside.safetensors' (a valid copy of the real file, outside the
             checkpoint) or '/etc/passwd': `verify` and `inspect` exit 1 naming the
             name as not a plain file name, and verify says it was not opened
-  errors    convert into an existing OUT, of a corrupted checkpoint, and bad arguments
+  errors    `ckpt` with no arguments: the usage on stderr, exit 2;
+            convert into an existing OUT, of a corrupted checkpoint, and bad arguments
             fail with exit 1 and one line naming the problem; a failed convert leaves no
             OUT and no temporary directory
 Each check prints what it measured; a failure exits 1.
@@ -205,6 +208,14 @@ class Env:
         return (mpirun(np_) if np_ else []) + [self.ckpt] + list(args)
 
 
+def tensor_count(keys):
+    """What inspect and convert say of a set of (fqn, kind): '84 tensors (21 model, 21 master, ...)'."""
+    order = {"model": 0, "master": 1}
+    kinds = sorted({k for _, k in keys}, key=lambda k: (order.get(k, 2), k))
+    parts = ", ".join(f"{sum(1 for _, k2 in keys if k2 == k)} {k}" for k in kinds)
+    return f"{len(keys)} tensors ({parts})"
+
+
 def step_dir(root):
     return os.path.join(root, f"step-{STOP:06d}")
 
@@ -249,6 +260,9 @@ def check_inspect(env):
         if total != info["total_bytes"]:
             fail(f"inspect: total_bytes {info['total_bytes']} != sum of tensor bytes {total}")
         text = run(env.ckpt_cmd("inspect", step_dir(root))).stdout
+        count = tensor_count(listed).replace(" tensors", "", 1)  # inspect: "tensors      84 (21 model, ...)"
+        if f"  tensors      {count}, " not in text:
+            fail(f"the text form of inspect does not say '{count}': {text[:600]!r}")
         rows = [line.split() for line in text.splitlines()]
         text_keys = {(r[0], r[1]) for r in rows if len(r) >= 6 and (r[0], r[1]) in listed}
         if text_keys != set(listed):
@@ -446,8 +460,13 @@ def check_convert(env):
         original = training_state(src)
         other = os.path.join(env.tmp, f"{fmt}-to-{OTHER[fmt]}-np3")
         back = os.path.join(env.tmp, f"{fmt}-to-{OTHER[fmt]}-to-{fmt}-np1")
-        print(f"convert: {convert(env, src, OTHER[fmt], other, 3)}")
-        print(f"convert: {convert(env, other, fmt, back, None)}")
+        for a, layout, b, np_ in ((src, OTHER[fmt], other, 3), (other, fmt, back, None)):
+            summary = convert(env, a, layout, b, np_)
+            print(f"convert: {summary}")
+            # Counted as inspect counts them: every stored tensor by kind, read and written.
+            want = f"read {tensor_count(load_state(a))}, wrote {tensor_count(load_state(b))}, "
+            if want not in summary:
+                fail(f"convert's summary does not say '{want}': {summary!r}")
         for d, layout in ((other, OTHER[fmt]), (back, fmt)):
             info = json.loads(run(env.ckpt_cmd("inspect", d, "--json")).stdout)
             with open(os.path.join(d, "trainer_state.json")) as f:
@@ -529,6 +548,16 @@ def check_errors(env):
             fail(f"a convert that failed after writing left {os.listdir(parent)} behind")
         print(f"errors: convert failing after its data files were written, at {np_ or 1} process(es): exit 1, "
               f"nothing left behind: {line}")
+
+    # No arguments at all: a usage error (the usage on stderr, nothing on stdout, exit 2); --help: stdout, exit 0.
+    bare = run(env.ckpt_cmd(), expect_ok=False)
+    if bare.returncode != 2 or bare.stdout or not bare.stderr.startswith("usage: ckpt inspect DIR [--json]\n"):
+        fail(f"ckpt with no arguments: exit {bare.returncode}, stdout {bare.stdout[:80]!r}, "
+             f"stderr {bare.stderr[:80]!r}; expected the usage on stderr and exit 2")
+    helped = run(env.ckpt_cmd("--help"))
+    if helped.stdout != bare.stderr:
+        fail("ckpt --help prints another text than ckpt with no arguments")
+    print(f"errors: ckpt with no arguments: exit 2, usage on stderr ({len(bare.stderr.splitlines())} lines)")
 
     for args, needle, code in ((["convert", src, "--to", "hdf5", out], "--to hdf5", 2),
                                (["convert", src, out], "--to", 2),

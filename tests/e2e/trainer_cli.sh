@@ -4,7 +4,8 @@
 # one line naming the problem.
 #   tests/e2e/trainer_cli.sh BUILD/trainer
 set -uo pipefail
-trainer="$1"
+trainer="$(realpath "$1")"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 failures=0
@@ -60,6 +61,19 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
 else
   expect_error cuda_without_gpu "train.device: cuda, but" -- \
     "$trainer" --config min.yaml --set model.name=toy --set train.device=cuda --steps 1
+fi
+
+# --help's pointers lead somewhere: --profile names docs/training.md's section, which exists.
+help="$("$trainer" --help)"
+want='see docs/training.md, "Reading the step profile"'
+if [[ "$help" != *"$want"* ]]; then
+  echo "FAIL help_profile_pointer: --help does not contain: $want"
+  failures=$((failures + 1))
+elif ! grep -qx '## Reading the step profile' "$root/docs/training.md"; then
+  echo "FAIL help_profile_pointer: docs/training.md has no '## Reading the step profile' section"
+  failures=$((failures + 1))
+else
+  echo "ok   help_profile_pointer"
 fi
 
 if [[ $failures -ne 0 ]]; then
