@@ -249,15 +249,16 @@ void Saver::wait() { finish_in_flight(); }
 
 namespace {
 
-// (FQN, kind) of every entry on any rank: the fit of a checkpoint is judged on
-// the whole model, identically on every rank.
-std::set<std::pair<std::string, std::string>> all_entry_ids(std::span<const StateEntry> entries, ProcessGroup& group) {
+// (FQN, kind) of every entry on any rank, with its global shape: the fit of
+// a checkpoint is judged on the whole model, identically on every rank.
+std::map<std::pair<std::string, std::string>, Shape> all_entry_ids(std::span<const StateEntry> entries,
+                                                                   ProcessGroup& group) {
   nlohmann::json mine = nlohmann::json::array();
-  for (const StateEntry& e : entries) mine.push_back({e.fqn, e.kind});
-  std::set<std::pair<std::string, std::string>> ids;
+  for (const StateEntry& e : entries) mine.push_back({e.fqn, e.kind, e.global_shape});
+  std::map<std::pair<std::string, std::string>, Shape> ids;
   for (const std::string& text : all_gather_strings(group, mine.dump()))
     for (const nlohmann::json& id : nlohmann::json::parse(text))
-      ids.emplace(id[0].get<std::string>(), id[1].get<std::string>());
+      ids.emplace(std::pair(id[0].get<std::string>(), id[1].get<std::string>()), id[2].get<Shape>());
   return ids;
 }
 
@@ -273,19 +274,27 @@ std::string name_list(const std::set<std::string>& names, size_t shown = 6) {
 }
 
 struct Fit {
-  std::set<std::string> missing, unexpected;
+  std::set<std::string> missing, unexpected, reshaped;
 };
 
-Fit compare(const Catalog& catalog, const std::set<std::pair<std::string, std::string>>& needed, bool weights_only) {
+Fit compare(const Catalog& catalog, const std::map<std::pair<std::string, std::string>, Shape>& needed,
+            bool weights_only) {
   std::set<std::string> fqns, kinds{std::string(kModelKind), std::string(kMasterKind)};
-  for (const auto& [fqn, kind] : needed) {
-    fqns.insert(fqn);
-    kinds.insert(kind);
+  for (const auto& [id, shape] : needed) {
+    fqns.insert(id.first);
+    kinds.insert(id.second);
   }
   Fit fit;
-  for (const auto& [fqn, kind] : needed) {
-    const bool from_model = kind == kMasterKind && catalog.tensors.contains({fqn, std::string(kModelKind)});
-    if (!catalog.tensors.contains({fqn, kind}) && !from_model) fit.missing.insert(fqn + " (" + kind + ")");
+  for (const auto& [id, shape] : needed) {
+    const auto& [fqn, kind] = id;
+    auto stored = catalog.tensors.find(id);
+    if (stored == catalog.tensors.end() && kind == kMasterKind)
+      stored = catalog.tensors.find({fqn, std::string(kModelKind)});  // masters may start from model weights
+    if (stored == catalog.tensors.end())
+      fit.missing.insert(fqn + " (" + kind + ")");
+    else if (stored->second.shape != shape)
+      fit.reshaped.insert(
+          format("{} ({} in the checkpoint, {} in the model)", fqn, shape_str(stored->second.shape), shape_str(shape)));
   }
   for (const auto& [id, stored] : catalog.tensors) {
     if (!fqns.contains(id.first))
@@ -296,6 +305,21 @@ Fit compare(const Catalog& catalog, const std::set<std::pair<std::string, std::s
   return fit;
 }
 
+// What does not fit, one phrase each.
+std::vector<std::string> fit_problems(const Fit& fit, const std::vector<std::string>& config_diff) {
+  std::vector<std::string> problems;
+  if (!config_diff.empty()) problems.push_back("its config.json differs from the run: " + join(config_diff, ", "));
+  if (!fit.reshaped.empty())
+    problems.push_back(format("{} tensor(s) have another shape: {}", fit.reshaped.size(), name_list(fit.reshaped, 3)));
+  if (!fit.unexpected.empty())
+    problems.push_back(format("{} tensor(s) of the checkpoint are not in the model: {}", fit.unexpected.size(),
+                              name_list(fit.unexpected)));
+  if (!fit.missing.empty())
+    problems.push_back(
+        format("{} tensor(s) the run needs are missing from it: {}", fit.missing.size(), name_list(fit.missing)));
+  return problems;
+}
+
 void check_fit(const std::string& dir, const Catalog& catalog, std::span<const StateEntry> entries,
                const FitCheck& check, ProcessGroup& group, Logger& log) {
   const Fit fit = compare(catalog, all_entry_ids(entries, group), check.weights_only);
@@ -303,26 +327,20 @@ void check_fit(const std::string& dir, const Catalog& catalog, std::span<const S
   run_on_every_rank(group, [&] {
     if (check.config_differences) config_diff = check.config_differences(dir);
   });
-  std::vector<std::string> problems;
-  if (!config_diff.empty()) problems.push_back("its config.json differs from the run: " + join(config_diff, ", "));
-  if (!fit.unexpected.empty())
-    problems.push_back(format("{} tensor(s) of the checkpoint are not in the model: {}", fit.unexpected.size(),
-                              name_list(fit.unexpected)));
-  if (!fit.missing.empty()) {
-    problems.push_back(
-        format("{} tensor(s) the run needs are missing from it: {}", fit.missing.size(), name_list(fit.missing)));
-    const std::string message = format("checkpoint {} does not fit this run: {}", dir, join(problems, "; "));
-    // With a config.json that agrees, a missing tensor means a damaged
-    // checkpoint (an older one may be whole); otherwise the model changed.
-    if (config_diff.empty()) throw AgreedError(message, __FILE__, __LINE__);
-    throw Misfit(message, __FILE__, __LINE__);
-  }
-  if (!problems.empty() && check.strict)
-    throw Misfit(format("checkpoint {} does not fit this run: {} (checkpoint.strict: false loads it anyway, "
-                        "ignoring these)",
-                        dir, join(problems, "; ")),
-                 __FILE__, __LINE__);
-  if (!problems.empty()) log.warn0("checkpoint {} (checkpoint.strict: false): {}", dir, join(problems, "; "));
+  const std::vector<std::string> problems = fit_problems(fit, config_diff);
+  if (problems.empty()) return;
+  const std::string message = format("checkpoint {} does not fit this run: {}", dir, join(problems, "; "));
+  // With a config.json that agrees and every shape right, a missing tensor
+  // means a damaged checkpoint (an older one may be whole); otherwise the model changed.
+  if (!fit.missing.empty() && config_diff.empty() && fit.reshaped.empty())
+    throw AgreedError(message, __FILE__, __LINE__);
+  const std::string hint = check.misfit_hint.empty() ? "" : "; " + check.misfit_hint;
+  // Missing or reshaped tensors cannot be loaded at all: checkpoint.strict cannot help.
+  if (!fit.missing.empty() || !fit.reshaped.empty()) throw Misfit(message + hint, __FILE__, __LINE__);
+  if (check.strict)
+    throw Misfit(format("{} (checkpoint.strict: false loads it anyway, ignoring these){}", message, hint), __FILE__,
+                 __LINE__);
+  log.warn0("checkpoint {} (checkpoint.strict: false): {}", dir, join(problems, "; "));
 }
 
 }  // namespace

@@ -209,7 +209,8 @@ struct FitCheck {
   /// are given, tensors of other kinds in the checkpoint are ignored, and no
   /// trainer_state.json is needed.
   bool weights_only = false;
-  /// Tensors the run lacks (and `config_differences`) are errors; otherwise warnings.
+  /// Tensors the run lacks (and `config_differences`) are errors; otherwise warnings. Missing
+  /// tensors and tensors of another shape are errors either way.
   bool strict = true;
   /// Differences between the checkpoint directory's model description and
   /// the run's, one phrase each (e.g. from config.json); none when unset.
@@ -217,6 +218,9 @@ struct FitCheck {
   /// Called with the checkpoint's state before any tensor is read; throws
   /// Misfit (commit.h) to refuse it (e.g. a run that is already finished).
   std::function<void(const TrainerState& state)> check_state;
+  /// Appended to a Misfit's message: the caller's ways out (e.g. the
+  /// trainer's --overwrite or another checkpoint.dir); empty: none.
+  std::string misfit_hint;
 };
 
 /// What a load read.

@@ -49,7 +49,7 @@ class CpuAllocator final : public Allocator {
     const size_t rounded = rounded_size(nbytes);
     void* p = take_cached(rounded);
     if (p == nullptr) p = std::aligned_alloc(kCpuAlignment, rounded);
-    ST_CHECK(p != nullptr, "out of host memory allocating {} bytes", nbytes);
+    if (p == nullptr) throw OutOfMemory(format("out of host memory allocating {} bytes", nbytes), __FILE__, __LINE__);
     record_alloc(nbytes);
     return p;
   }

@@ -8,8 +8,16 @@
 #include <memory>
 
 #include "core/device.h"
+#include "core/error.h"
 
 namespace st {
+
+/// An allocation the device or host could not satisfy: callers that know
+/// the phase (the trainer) catch it to say what to lower.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
 
 struct AllocatorStats {
   int64_t current_bytes = 0;  // bytes handed out and not yet returned

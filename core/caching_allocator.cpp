@@ -71,10 +71,12 @@ void* CachingAllocator::allocate_locked(size_t size, StreamId stream) {
     release_cached_locked();
     ptr = source_->allocate(size);
   }
-  ST_CHECK(ptr != nullptr,
-           "out of memory on {} allocating {} bytes ({} bytes in use by tensors, {} reserved, peak {}); lower "
-           "train.micro_batch_size or train.seq_len, or turn on fsdp.activation_checkpointing",
-           source_->device(), size, stats().current_bytes, stats_.reserved_bytes, stats().peak_bytes);
+  if (ptr == nullptr)
+    throw OutOfMemory(format("out of memory on {} allocating {} bytes ({} bytes in use by tensors, {} reserved, peak "
+                             "{}); lower train.micro_batch_size or train.seq_len, or turn on "
+                             "fsdp.activation_checkpointing",
+                             source_->device(), size, stats().current_bytes, stats_.reserved_bytes, stats().peak_bytes),
+                      __FILE__, __LINE__);
   live_.emplace(ptr, Block{size, stream, {}});
   stats_.reserved_bytes += static_cast<int64_t>(size);
   ++stats_.source_allocs;

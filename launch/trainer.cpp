@@ -25,6 +25,7 @@
 #include "dataset/dataset.h"
 #include "fsdp/fsdp.h"
 #include "launch/eval.h"
+#include "launch/memory_plan.h"
 #include "launch/save_resume.h"
 #include "metrics/flops.h"
 #include "metrics/metrics.h"
@@ -238,6 +239,22 @@ class Trainer {
   double measure_cpu_peak();
   void log_run() const;
   void setup_batches();
+  void setup_memory();
+  void phase(const char* name) { phase_ = name; }
+  /// Runs `f` (in `name`'s phase unless null); an out-of-memory error from it
+  /// comes back naming the step, the phase and what to lower.
+  template <class F>
+  auto guard_memory(int64_t done, const char* name, F&& f) -> decltype(f()) {
+    if (name) phase_ = name;
+    try {
+      return f();
+    } catch (const OutOfMemory& e) {
+      std::string where = phase_;
+      if (where == std::string_view("forward and backward")) where += format(" of micro-batch {}", micro_batch_);
+      throw Error(format("{} {}", e.message(), out_of_memory_advice(config_, *memory_plan_, where, done + 1)), __FILE__,
+                  __LINE__);
+    }
+  }
   void setup_checkpoints();
   // Rank 0: the metrics file's start or resume line, and what the step lines mean.
   void mark_run_start();
@@ -325,6 +342,9 @@ class Trainer {
   metrics::IntervalMeans interval_;  // the steps since the last step line
   bool metrics_warned_ = false;
   std::optional<RunProfile> run_profile_;
+  std::optional<MemoryPlan> memory_plan_;
+  const char* phase_ = "start-up";  // what the step is doing, for an out-of-memory error
+  int64_t micro_batch_ = 0;         // during "forward and backward"
 
   models::LossKind loss_kind_ = models::LossKind::CrossEntropy;
   // The toy model has samples, not tokens: its throughput is reported in samples/s.
@@ -355,16 +375,17 @@ TrainResult Trainer::run() {
     const auto step_start = Clock::now();
     allocator_->reset_peak();
     run_profile_->begin(done + 1);
-    const std::optional<StepStats> stats = step(done);
+    const std::optional<StepStats> stats = guard_memory(done, nullptr, [&] { return step(done); });
     if (!stats) {
       save_after_stop(done);
       break;
     }
     const StepTime time = stop_clock(step_start);
     std::optional<ValidationLoss> val;
-    if (evaluation_due(config_.eval, done + 1, tc_.steps)) val = evaluate(done + 1);
+    if (evaluation_due(config_.eval, done + 1, tc_.steps))
+      val = guard_memory(done, "evaluation", [&] { return evaluate(done + 1); });
     const bool logged = report(done, *stats, time, val);
-    save(done);
+    guard_memory(done, "checkpoint save", [&] { save(done); });
     run_profile_->end(logged);
     // The plot follows each evaluation (and, without evaluations, plot_due's cadence); finish() draws the last.
     if ((val || plot_due(done)) && done + 1 < last_step_) refresh_plot();
@@ -383,8 +404,17 @@ void Trainer::setup() {
                            static_cast<double>(tc_.global_batch_size) / world_.size(),
                        log_);
   setup_batches();
+  setup_memory();
   setup_checkpoints();
   mark_run_start();
+}
+
+// The start-up memory line, and the refusal of a micro-batch that cannot fit (before step 1).
+void Trainer::setup_memory() {
+  fsdp::MemoryReport report = sharded_->memory_report();
+  memory_plan_ = plan_memory(config_, report, recomputed_);
+  log_.info0("memory: {}", memory_line(config_, *memory_plan_, available_bytes(local_size_)));
+  check_memory_fits(config_, *memory_plan_, world_, local_size_);
 }
 
 // Checks the batch and checkpoint settings, takes checkpoint.dir, then picks
@@ -564,6 +594,7 @@ void Trainer::setup_checkpoints() {
 }
 
 std::optional<StepStats> Trainer::step(int64_t done) {
+  phase("loading the batch");
   const int64_t count = load_batches();
   sharded_->zero_grad();
   const std::optional<double> local_loss_sum = forward_backward(done, 1.0f / static_cast<float>(count));
@@ -576,7 +607,9 @@ std::optional<StepStats> Trainer::step(int64_t done) {
     log_.info0("stopping in step {} at a micro-batch boundary; its partial work is dropped", done + 1);
     return std::nullopt;
   }
+  phase("gradient reduction");
   StepStats stats = sync_gradients(done, count, *local_loss_sum);
+  phase("optimizer step");
   const double clip = optim::clip_coefficient(stats.grad_norm, config_.optim.grad_clip);
   stats.lr = optim::learning_rate(config_.optim, done, tc_.steps);
   {
@@ -618,6 +651,8 @@ std::optional<double> Trainer::forward_backward(int64_t done, float grad_scale) 
     // A stop request is honoured between micro-batches, not only at the
     // step's end, so a long step cannot outlast the launcher's grace period.
     if (m > 0 && (stop_signal_ = stop_agreed(world_)) != 0) return std::nullopt;
+    phase("forward and backward");
+    micro_batch_ = m + 1;
     const Tensor& x = device_inputs_[static_cast<size_t>(m)];
     const Tensor& y = device_targets_[static_cast<size_t>(m)];
     Tensor out = sharded_->forward(x);

@@ -171,4 +171,22 @@ ModelFlops llama_flops(const ModelConfig& c, int64_t seq_len) {
   return f;
 }
 
+ModelActivations llama_activations(const ModelConfig& c, int64_t seq_len) {
+  const int64_t d = c.hidden_size;
+  const int64_t heads = c.num_attention_heads;
+  const int64_t kv_width = d / heads * c.num_key_value_heads;
+  ModelActivations a;
+  a.layers = c.num_hidden_layers;
+  // Per token: the two norms' inputs and outputs (4 d: the projections keep
+  // the norm output they read), q and the attention output (2 d), k and v
+  // (2 kv_width), and the MLP's gate, up and their product (3 intermediate).
+  a.layer_elements = seq_len * (6 * d + 2 * kv_width + 3 * c.intermediate_size);
+  a.layer_input = seq_len * d;
+  a.layer_f32 = seq_len * (heads + 2);  // log-sum-exp per head, one scale per norm
+  // The logits, then their gradient written over them, plus the embedding
+  // output and the final norm's input and output.
+  a.outside_f32 = seq_len * (c.vocab_size + 3 * d);
+  return a;
+}
+
 }  // namespace st::models

@@ -27,6 +27,8 @@ namespace st::models {
 void validate_llama(const ModelConfig& config);
 void check_llama_seq_len(const ModelConfig& config, int64_t seq_len);
 ModelFlops llama_flops(const ModelConfig& config, int64_t seq_len);
+/// What one sequence keeps for its backward (the model table's activations).
+ModelActivations llama_activations(const ModelConfig& config, int64_t seq_len);
 
 /// The decoder stack without the head: tokens I32 [B, T] -> hidden [B, T, D].
 class LlamaModel : public Module {

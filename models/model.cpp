@@ -19,8 +19,8 @@ void accept_any_seq_len(const ModelConfig&, int64_t) {}
 
 const std::array<ModelSpec, 2> kModels{{
     {"llama", build_llama, validate_llama, check_llama_seq_len, llama_flops, hf_llama_config_json,
-     hf_config_differences},
-    {"toy", build_toy, accept_any, accept_any_seq_len, toy_flops, nullptr, nullptr},
+     hf_config_differences, llama_activations},
+    {"toy", build_toy, accept_any, accept_any_seq_len, toy_flops, nullptr, nullptr, toy_activations},
 }};
 
 }  // namespace

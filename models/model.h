@@ -48,6 +48,19 @@ struct ModelFlops {
   double flops_per_token = 0;
 };
 
+/// What one sample (a sequence of seq_len tokens, or one toy sample) keeps in
+/// memory between its forward and its backward, in elements: the estimate
+/// behind the trainer's start-up memory line and its refusal of a micro-batch
+/// that cannot fit (launch/memory_plan.h). Counted from the tensors the
+/// layers keep for backward (models/layers.cpp); buffers inside an op are not.
+struct ModelActivations {
+  int64_t layers = 0;          // decoder layers (recomputation applies to these)
+  int64_t layer_elements = 0;  // kept by one layer, in the compute dtype (param_dtype)
+  int64_t layer_input = 0;     // kept by a recomputed layer (its input), in the compute dtype
+  int64_t layer_f32 = 0;       // kept by one layer in F32 (softmax statistics, norm scales)
+  int64_t outside_f32 = 0;     // outside the layers, in F32: the logits and their gradient, embeddings
+};
+
 /// One model.name and what it provides.
 struct ModelSpec {
   std::string_view name;
@@ -66,6 +79,8 @@ struct ModelSpec {
   /// models/hf_config.h); null together with hf_config.
   std::vector<std::string> (*hf_config_differences)(const std::string& text, const ModelConfig& config,
                                                     const std::string& where);
+  /// What one sample of `seq_len` keeps for its backward (config validated).
+  ModelActivations (*activations)(const ModelConfig& config, int64_t seq_len);
 };
 
 /// Every model, in the order the help text lists them.

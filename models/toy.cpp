@@ -45,4 +45,10 @@ ModelFlops toy_flops(const ModelConfig&, int64_t) {
   return f;
 }
 
+ModelActivations toy_activations(const ModelConfig&, int64_t) {
+  ModelActivations a;  // no decoder layers: what net1, ReLU and net2 keep, in F32
+  a.outside_f32 = Toy::kIn + 2 * Toy::kHidden + Toy::kOut;
+  return a;
+}
+
 }  // namespace st::models

@@ -36,5 +36,7 @@ class Toy : public Model {
 
 /// model.name "toy" in the model table: 6 FLOPs per weight per sample, no attention.
 ModelFlops toy_flops(const ModelConfig& config, int64_t seq_len);
+/// What one sample keeps for its backward (the model table's activations).
+ModelActivations toy_activations(const ModelConfig& config, int64_t seq_len);
 
 }  // namespace st::models

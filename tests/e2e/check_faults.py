@@ -29,7 +29,10 @@ CHECK is one of:
               non-strict. rope_theta differing is caught by config.json alone.
               A checkpoint at or past train.steps and a trainer_state.json with
               a negative or overflowing step are errors; `auto` falls back past a
-              corrupt trainer_state.json but never past a misfit.
+              corrupt trainer_state.json but never past a misfit. Another
+              model size (wider MLP) names the reshaped tensors, offers
+              --overwrite or another checkpoint.dir, never checkpoint.strict,
+              and never falls back, at either checkpoint.strict.
   inputs      a token >= vocab_size at the end of the last of two llm.c files fails a
               4-rank run before step 1 with one line naming the file, byte offset and
               value; --config that is a directory, empty, only comments, a list or a
@@ -287,7 +290,9 @@ def check_strict(trainer, ckpt_tool, tmp):
     expect(proc, 1, f"checkpoint {ten} does not fit this run",
            "config.json differs from the run: num_hidden_layers 2 (model.num_hidden_layers 1)",
            "9 tensor(s) of the checkpoint are not in the model: model.layers.1.input_layernorm.weight",
-           "checkpoint.strict: false loads it anyway", what="2 layers into 1")
+           "checkpoint.strict: false loads it anyway",
+           f"to keep this model, start a new run: --overwrite moves the checkpoints in {two} aside, or set another "
+           "checkpoint.dir; to resume, use the checkpoint's model.* settings", what="2 layers into 1")
     print("strict: 2-layer checkpoint into a 1-layer model: exit 1, lists num_hidden_layers and 9 tensors")
     proc = run([trainer, "--config", TINY, "--resume", ten, "--stop-after", "11"] + one_layer +
                sets(checkpoint__strict="false"))
@@ -346,6 +351,24 @@ def check_strict(trainer, ckpt_tool, tmp):
     if "falling back" in proc.stderr + proc.stdout:
         fail("--resume auto fell back past a checkpoint that does not fit the model")
     print("strict: --resume auto falls back past a corrupt trainer_state.json, not past a model mismatch")
+    # Another model size: tensors of another shape. checkpoint.strict cannot help, so it is not
+    # suggested, at either setting; the error offers the ways out, and nothing falls back.
+    wider = sets(model__intermediate_size=344)
+    for strict in ("true", "false"):
+        proc = run([trainer, "--config", TINY, "--resume", "auto"] + wider +
+                   sets(checkpoint__dir=auto_root, checkpoint__strict=strict), expect_ok=False)
+        expect(proc, 1, "does not fit this run", "intermediate_size 172 (model.intermediate_size 344)",
+               "tensor(s) have another shape: model.layers.0.mlp.down_proj.weight ([64, 172] in the checkpoint, "
+               "[64, 344] in the model)",
+               f"--overwrite moves the checkpoints in {auto_root} aside, or set another checkpoint.dir",
+               what=f"wider MLP, strict={strict}")
+        out = proc.stderr + proc.stdout
+        if "checkpoint.strict: false loads" in out or "falling back" in out:
+            fail(f"a shape misfit suggested checkpoint.strict or fell back (strict={strict}):\n{out}")
+        if out.count("does not fit this run") != 1:
+            fail(f"the misfit was printed {out.count('does not fit this run')} times, expected once:\n{out}")
+    print("strict: another model size never falls back and offers --overwrite or another checkpoint.dir, "
+          "not checkpoint.strict")
 
 
 def llmc_shard(tokens):
