@@ -63,6 +63,14 @@ CHECK is one of:
               and the file keeps only complete lines. A metrics file that ends in a
               half-written line (a run killed mid-write) is cut back to its last
               complete line, with a warning, before the next run appends to it.
+  memory      llama-tiny at train.seq_len 2048 under a 1200 MiB RLIMIT_DATA: the
+              start-up `memory:` line gives the activations of the micro-batch with
+              and without recomputation (proportional to the micro-batch, less when
+              recomputed); micro-batch 128 is refused before step 1 (exit 1, one
+              line) naming the largest micro-batch that fits and offering
+              recomputation; both then train under the same limit; with the
+              refusal disabled (test hook) the allocation failure names step 1,
+              the phase and micro-batch, and what to lower.
 Each check prints what it observed; a failure exits 1.
 """
 import json
@@ -77,7 +85,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, check_main, crc32c, expect, fail, loss_by_step, mpirun, resum_marker, run, sets  # noqa: E402
+from harness import (  # noqa: E402
+    ROOT, check_main, crc32c, expect, fail, loss_by_step, metrics_rows, mpirun, resum_marker, run, sets)
 
 TINY = "configs/llama-tiny.yaml"
 TOY = "configs/toy.yaml"
@@ -646,11 +655,87 @@ def check_resume_ranks(trainer, ckpt_tool, tmp):
     print("resume-ranks: --resume ROOT resolved differently by rank 1 -> exit 1 naming both ranks")
 
 
+# --- memory: the start-up estimate, the refusal and the out-of-memory error ---
+
+MEMORY_LIMIT = 1200 << 20  # RLIMIT_DATA of the memory check's runs (bytes)
+BYTES = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+
+
+def run_limited(cmd, env=None):
+    """`cmd` in ROOT with its data segment (heap and private mappings) capped at MEMORY_LIMIT."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_LIMIT, MEMORY_LIMIT))
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, preexec_fn=cap,
+                          env=dict(os.environ, **(env or {})))
+
+
+def byte_figure(text):
+    number, unit = text.split()
+    return float(number) * BYTES[unit]
+
+
+def memory_line(out, what):
+    """(without, with) recomputation: the activation bytes of the start-up memory line."""
+    m = re.search(r"memory: activations per micro-batch of (\d+) x 2048 tokens: ([\d.]+ [KMGT]?B) without "
+                  r"recomputation, ([\d.]+ [KMGT]?B) with every layer recomputed; a step adds about", out)
+    if not m:
+        fail(f"{what}: no start-up memory line with and without recomputation:\n{out[-3000:]}")
+    return int(m.group(1)), byte_figure(m.group(2)), byte_figure(m.group(3))
+
+
+def check_memory(trainer, ckpt_tool, tmp):
+    base = [trainer, "--config", TINY, "--steps", "1"] + sets(
+        train__seq_len=2048, model__max_position_embeddings=2048, train__global_batch_size=128,
+        fsdp__activation_checkpointing__mode="none", logging__metrics_file=os.path.join(tmp, "metrics.jsonl"))
+    # Too large: refused before step 1, naming the largest micro-batch that fits.
+    proc = run_limited(base + sets(train__micro_batch_size=128, checkpoint__dir=os.path.join(tmp, "c1")))
+    out = expect(proc, 1, "error: train.micro_batch_size 128 does not fit: a step would add about",
+                 "activations of 128 x 2048 tokens:", "B available; ", what="micro-batch 128 under 1200 MiB")
+    if "step 1/" in out or len([l for l in out.splitlines() if "error:" in l]) != 1:
+        fail(f"micro-batch 128: expected one error line before step 1:\n{out[-3000:]}")
+    samples, big_plain, big_recomputed = memory_line(out, "micro-batch 128")
+    fits = re.search(r"; train\.micro_batch_size (\d+) fits \(about [\d.]+ [KMGT]?B\)", out)
+    if samples != 128 or not fits or not big_recomputed < big_plain:
+        fail(f"micro-batch 128: memory line or advice wrong:\n{out[-3000:]}")
+    fit = int(fits.group(1))
+    recompute = "; or keep it and recompute every layer (fsdp.activation_checkpointing.mode: full)"
+    if recompute not in out:
+        fail(f"micro-batch 128: recomputation ({big_recomputed} bytes) fits but is not offered:\n{out[-3000:]}")
+    print(f"memory: micro-batch 128 refused before step 1; activations {big_plain / 1e6:.1f} MB, "
+          f"{big_recomputed / 1e6:.1f} MB recomputed; advice: micro-batch {fit}, or recompute")
+    # The second way out works too: micro-batch 128 with every layer recomputed trains under the limit.
+    proc = run_limited(base + sets(train__micro_batch_size=128, fsdp__activation_checkpointing__mode="full",
+                                      checkpoint__dir=os.path.join(tmp, "c2")))
+    expect(proc, 0, "step 1/1", "(2 of 2 layers recomputed)", what="micro-batch 128 recomputed")
+    # The advice works: that micro-batch trains under the same limit.
+    proc = run_limited(base + sets(train__micro_batch_size=fit, checkpoint__dir=os.path.join(tmp, "c3")))
+    out = expect(proc, 0, "step 1/1", what=f"advised micro-batch {fit}")
+    samples, plain, recomputed = memory_line(out, f"micro-batch {fit}")
+    # Activations grow with the micro-batch: the two lines' figures are in the ratio of the micro-batches.
+    for small, big in ((plain, big_plain), (recomputed, big_recomputed)):
+        if abs(big / small - 128 / fit) > 0.01 * 128 / fit:
+            fail(f"activations {small} at micro-batch {fit} vs {big} at 128: not proportional")
+    peak = metrics_rows(os.path.join(tmp, "metrics.jsonl"))[-1]["peak_bytes"]
+    if not 0 < peak < MEMORY_LIMIT:
+        fail(f"micro-batch {fit}: peak {peak} bytes, limit {MEMORY_LIMIT}")
+    print(f"memory: micro-batch {fit} trains under the limit (peak {peak / 1e6:.1f} MB, "
+          f"activations {plain / 1e6:.1f} MB estimated)")
+    # Past the refusal (test hook): the allocation failure says where and what to lower.
+    proc = run_limited(base + sets(train__micro_batch_size=128, checkpoint__dir=os.path.join(tmp, "c4")),
+                       env={"ST_TEST_SKIP_MEMORY_CHECK": "1"})
+    out = expect(proc, 1, "error: out of host memory allocating",
+                 "in step 1 (forward and backward of micro-batch 1), with a step estimated at",
+                 "lower train.micro_batch_size (now 128) or train.seq_len (now 2048)", what="out of memory in step 1")
+    print("memory: without the refusal, micro-batch 128 fails in step 1 naming the phase and what to lower")
+
+
 def main():
     check_main({"nonfinite": check_nonfinite, "ckpt-dir": check_ckpt_dir, "lock": check_lock, "strict": check_strict,
                 "inputs": check_inputs, "resume-refused": check_resume_refused, "resume-fallback": check_resume_fallback,
                 "resume-overwrite": check_resume_overwrite, "resume-ranks": check_resume_ranks,
-                "metrics": check_metrics}, programs=2)
+                "metrics": check_metrics, "memory": check_memory}, programs=2)
 
 
 if __name__ == "__main__":
