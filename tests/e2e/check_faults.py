@@ -300,8 +300,8 @@ def check_strict(trainer, ckpt_tool, tmp):
            "config.json differs from the run: num_hidden_layers 2 (model.num_hidden_layers 1)",
            "9 tensor(s) of the checkpoint are not in the model: model.layers.1.input_layernorm.weight",
            "checkpoint.strict: false loads it anyway",
-           f"to keep this model, start a new run: --overwrite moves the checkpoints in {two} aside, or set another "
-           "checkpoint.dir; to resume, use the checkpoint's model.* settings", what="2 layers into 1")
+           "to keep this model, start a new run (leave out --resume); to resume, use the checkpoint's model.* settings",
+           what="2 layers into 1")
     print("strict: 2-layer checkpoint into a 1-layer model: exit 1, lists num_hidden_layers and 9 tensors")
     proc = run([trainer, "--config", TINY, "--resume", ten, "--stop-after", "11"] + one_layer +
                sets(checkpoint__strict="false"))
