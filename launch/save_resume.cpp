@@ -231,11 +231,13 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
       init ? "checkpoint.init_from must hold weights of this model (model.*)"
       : c.dir.empty()
           // --resume PATH without checkpoint.dir: nothing of this run is in the way of a new one.
-          ? std::string("to keep this model, start a new run (leave out --resume); to resume, use the checkpoint's "
-                        "model.* settings")
-          : format("to keep this model, start a new run: --overwrite moves the checkpoints in {} aside, or set "
-                   "another checkpoint.dir; to resume, use the checkpoint's model.* settings",
-                   c.dir);
+          ? std::string(
+                "to keep this model, start a new run (leave out --resume); to resume, use the checkpoint's "
+                "model.* settings")
+          : format(
+                "to keep this model, start a new run: --overwrite moves the checkpoints in {} aside, or set "
+                "another checkpoint.dir; to resume, use the checkpoint's model.* settings",
+                c.dir);
   fit.check_state = [&](const checkpoint::TrainerState& state) {
     if (state.step < config_.train.steps) return;
     throw_misfit(format("checkpoint {} is at step {}, the run ends at step {} (train.steps){}; {}", path, state.step,

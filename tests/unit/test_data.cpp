@@ -22,20 +22,9 @@
 #include "dataset/dataset.h"
 #include "launch/config.h"
 #include "models/toy.h"
+#include "tests/harness/dataset_from_config.h"
 
 namespace st::dataset {
-namespace {
-// The tests describe runs by their whole configuration, as the trainer does.
-[[maybe_unused]] std::unique_ptr<Dataset> make_dataset(const Config& c) {
-  return dataset::make_dataset(dataset_spec(c));
-}
-[[maybe_unused]] std::unique_ptr<Dataset> make_validation_dataset(const Config& c) {
-  return dataset::make_validation_dataset(dataset_spec(c));
-}
-[[maybe_unused]] std::optional<Tokenizer> load_data_tokenizer(const Config& c) {
-  return dataset::load_data_tokenizer(dataset_spec(c));
-}
-}  // namespace
 namespace {
 
 namespace fs = std::filesystem;
