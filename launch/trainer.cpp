@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -55,7 +56,16 @@ extern "C" void on_stop_signal(int sig) {
   g_stop_signal.store(sig);
 }
 
+// scripts/launch turns the SIGTERM, SIGINT or SIGHUP it gets into SIGUSR1,
+// the one signal mpirun passes on at once, and writes the original's name
+// ("SIGTERM") to $ST_LAUNCH_SIGNAL_FILE, which scripts/launch-rank sets on the
+// launcher's host. A stop so relayed counts as kRelayed + the original's
+// number: above any signal a rank got directly in the ranks' Max agreement,
+// so one rank that can read the file names the signal for all of them.
+constexpr int kRelayed = 64;
+
 std::string_view signal_name(int sig) {
+  if (sig > kRelayed) sig -= kRelayed;
   switch (sig) {
     case SIGTERM: return "SIGTERM";
     case SIGINT: return "SIGINT";
@@ -63,6 +73,27 @@ std::string_view signal_name(int sig) {
     case SIGUSR1: return "SIGUSR1";
   }
   return "a signal";
+}
+
+// The signal the launcher relayed as SIGUSR1, 0 when it named none.
+int relayed_signal() {
+  const char* path = std::getenv("ST_LAUNCH_SIGNAL_FILE");
+  if (path == nullptr || *path == '\0') return 0;
+  std::ifstream in(path);
+  std::string name;
+  in >> name;
+  for (int sig : kStopSignals)
+    if (name == signal_name(sig)) return sig;
+  return 0;
+}
+
+// This rank's stop request for the ranks' agreement: the signal it got (a
+// relayed one as above), 0 for none.
+int stop_request() {
+  const int sig = g_stop_signal.load();
+  if (sig != SIGUSR1) return sig;
+  const int original = relayed_signal();
+  return original != 0 ? kRelayed + original : sig;
 }
 
 // Installs the stop handlers for the life of a train() call.
@@ -88,7 +119,7 @@ class StopSignals {
 // The largest stop signal any rank got, 0 for none (collective: every rank
 // calls it at the same boundary, so all stop together).
 int stop_agreed(ProcessGroup& world) {
-  Tensor flag = Tensor::from_vector(std::vector<int32_t>{g_stop_signal.load()}, {1});
+  Tensor flag = Tensor::from_vector(std::vector<int32_t>{stop_request()}, {1});
   world.all_reduce(flag, {.op = ReduceOp::Max}).wait();
   return flag.data<int32_t>()[0];
 }
@@ -834,7 +865,7 @@ std::string Trainer::eval_summary() const {
 
 void Trainer::save(int64_t done) {
   // Every rank agrees whether any was sent SIGTERM; a stop saves like the end of the run.
-  if ((stop_signal_ = checkpointer_->end_of_step(g_stop_signal.load())) != 0 && done + 1 < last_step_) {
+  if ((stop_signal_ = checkpointer_->end_of_step(stop_request())) != 0 && done + 1 < last_step_) {
     terminated_ = true;
     last_step_ = done + 1;
   }
@@ -904,6 +935,52 @@ bool Trainer::refresh_plot() {
   }
 }
 
+// "1, 2 or 4" (empty for none).
+std::string or_list(const std::vector<int64_t>& values) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == values.size() ? " or " : ", ") + std::to_string(values[i]);
+  }
+  return out;
+}
+
+// The divisors of n, at most `most` of them: those nearest `near`, ascending.
+std::vector<int64_t> divisors_near(int64_t n, int64_t near, size_t most) {
+  std::vector<int64_t> all;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    all.push_back(d);
+    if (d != n / d) all.push_back(n / d);
+  }
+  std::sort(all.begin(), all.end());
+  std::stable_sort(all.begin(), all.end(),
+                   [near](int64_t a, int64_t b) { return std::abs(a - near) < std::abs(b - near); });
+  if (all.size() > most) all.resize(most);
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+// What would divide, for the error of accumulation_steps: the global batch
+// sizes nearest the configured one at this world size, the micro-batch sizes
+// that fit it, and the world sizes that fit the batch settings as they are.
+std::string batch_fixes(const TrainConfig& train, int world_size) {
+  constexpr size_t kMost = 6;  // enough choice without a wall of numbers
+  const int64_t per_step = static_cast<int64_t>(world_size) * train.micro_batch_size;
+  const int64_t global = train.global_batch_size;
+  std::vector<int64_t> globals;
+  if (global / per_step > 0) globals.push_back(global / per_step * per_step);
+  globals.push_back((global / per_step + 1) * per_step);
+  std::string fixes = format("; at {} rank(s) set train.global_batch_size to {}", world_size, or_list(globals));
+  if (global % world_size == 0)
+    fixes += format(", or train.micro_batch_size to {}",
+                    or_list(divisors_near(global / world_size, train.micro_batch_size, kMost)));
+  if (global % train.micro_batch_size == 0) {
+    fixes += format("; or run {} rank(s) (-np) with these batch sizes",
+                    or_list(divisors_near(global / train.micro_batch_size, world_size, kMost)));
+  }
+  return fixes;
+}
+
 }  // namespace
 
 Device resolve_device(DeviceKind kind, int local_rank) {
@@ -918,9 +995,14 @@ Device resolve_device(DeviceKind kind, int local_rank) {
 
 int64_t accumulation_steps(const TrainConfig& train, int world_size) {
   const int64_t per_step = static_cast<int64_t>(world_size) * train.micro_batch_size;
-  ST_CHECK(train.global_batch_size % per_step == 0,
-           "train.global_batch_size ({}) must be divisible by world size ({}) x train.micro_batch_size ({}) = {}",
-           train.global_batch_size, world_size, train.micro_batch_size, per_step);
+  // Every rank computes this from the same config and world: rank 0 alone reports it.
+  if (train.global_batch_size % per_step != 0) {
+    throw AgreedError(
+        format("train.global_batch_size ({}) must be divisible by world size ({}) x "
+               "train.micro_batch_size ({}) = {}{}",
+               train.global_batch_size, world_size, train.micro_batch_size, per_step, batch_fixes(train, world_size)),
+        __FILE__, __LINE__);
+  }
   return train.global_batch_size / per_step;
 }
 
