@@ -17,7 +17,8 @@ one of:
   clean            good runs through the launcher exit 0 and print no line about /proc, from bash or from the
                    launcher.
   quiet-failure    a typo in --set through the launcher prints the rank's one error line and nothing else (no
-                   mpirun banner, no launcher line), exit 1; with --verbose the launcher's line too.
+                   mpirun banner, no launcher line), exit 1; with --verbose the launcher's line too. A program that
+                   does not exist (mpirun fails, saying nothing under -q): one launcher line pointing to --verbose.
   sigint-ignored   a launcher started with SIGINT ignored (as `cmd &` in a script does) says so at start with its
                    pid; SIGINT leaves the run going; SIGTERM then stops it, the last line naming SIGTERM.
   signal-names     SIGUSR1 and SIGHUP to the launcher: the trainer's last line names the signal received.
@@ -285,6 +286,13 @@ def check_quiet_failure(trainer, tmp):
     if proc.returncode != 1 or not proc.stderr.startswith(want) or not said.search(proc.stderr):
         sys.stderr.write(proc.stderr)
         fail("--verbose should add the launcher's line naming rank 0 and its status")
+    # mpirun's own failure, which -q leaves unexplained: the launcher points to --verbose.
+    proc = launch("-np", "2", os.path.join(tmp, "no-such-program"))
+    want = (f"launch: mpirun exited with status {proc.returncode} before any rank ended; run again with --verbose "
+            "(first argument) for mpirun's own messages\n")  # Open MPI 4.1 exits 132 here
+    print(f"quiet-failure: a program that does not exist: exit {proc.returncode}, output {proc.stdout + proc.stderr!r}")
+    if proc.returncode == 0 or proc.stdout or proc.stderr != want:
+        fail(f"expected mpirun's non-zero exit and exactly {want!r}")
 
 
 def check_sigint_ignored(trainer, tmp):
