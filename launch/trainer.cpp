@@ -456,7 +456,8 @@ void Trainer::setup_devices() {
   resume_ = effective_resume(config_, options_.resume, options_.overwrite);
   // Held for the whole run: a second job on the same checkpoint.dir fails here.
   run_root_ = prepare_checkpoint_dir(config_, world_, resume_, options_.overwrite, log_);
-  device_ = resolve_device(tc_.device, options_.local_rank);
+  // A missing GPU is usually missing on every rank: printed once when all agree.
+  run_on_every_rank(world_, [&] { device_ = resolve_device(tc_.device, options_.local_rank); });
   if (device_.is_cuda()) cuda::set_device(device_.index);
   threads_ = tc_.threads > 0 ? static_cast<int>(tc_.threads) : cpu::auto_cpu_threads(local_size_);
   cpu::set_cpu_threads(threads_);

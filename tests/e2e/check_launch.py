@@ -22,8 +22,9 @@ one of:
   sigint-ignored   a launcher started with SIGINT ignored (as `cmd &` in a script does) says so at start with its
                    pid; SIGINT leaves the run going; SIGTERM then stops it, the last line naming SIGTERM.
   signal-names     SIGUSR1 and SIGHUP to the launcher: the trainer's last line names the signal received.
-  errors-once      errors every rank hits, at 2-3 ranks: batch sizes that do not divide (with what would), a
-                   missing --config (--self-check alone) print one line; --help and --print-config print once.
+  errors-once      errors every rank hits, at 2-3 ranks: batch sizes that do not divide (with what would),
+                   train.device: cuda without a GPU, a missing --config (--self-check alone) print one line; --help
+                   and --print-config print once.
   split            RANK=1 WORLD_SIZE=2, or SLURM_NTASKS=2 SLURM_PROCID=0, without an MPI world: the trainer
                    exits 1 before doing anything, saying to launch through mpirun/srun; RANK=0 WORLD_SIZE=1
                    still runs.
@@ -345,6 +346,15 @@ def check_errors_once(trainer, tmp):
     if proc.returncode != 1 or lines != [want]:
         sys.stderr.write(proc.stderr)
         fail(f"expected exit 1 and the one line {want!r}")
+    # train.device: cuda without a GPU (or without CUDA built in): every rank finds it; one line. (With a GPU the
+    # run simply trains its one step.)
+    proc = launch("-np", "2", trainer, "--config", "configs/llama-tiny.yaml", "--steps", "2", "--set",
+                  "train.device=cuda")
+    lines = [ln for ln in proc.stderr.splitlines() if " INFO " not in ln]
+    print(f"errors-once: 2 ranks, train.device=cuda: exit {proc.returncode}: {lines}")
+    if proc.returncode != 0 and (len(lines) != 1 or not lines[0].startswith("trainer: error: train.device: cuda, but ")):
+        sys.stderr.write(proc.stderr)
+        fail("train.device: cuda without a GPU should print one error line")
     proc = launch("-np", "2", trainer, "--self-check")
     want = "trainer: error: missing --config FILE (for example --config configs/toy.yaml)\n"
     print(f"errors-once: 2 ranks, --self-check without --config: exit {proc.returncode}: {proc.stderr!r}")
