@@ -56,10 +56,10 @@ extern "C" void on_stop_signal(int sig) {
   g_stop_signal.store(sig);
 }
 
-// scripts/launch turns the SIGTERM, SIGINT or SIGHUP it gets into SIGUSR1,
-// the one signal mpirun passes on at once, and writes the original's name
-// ("SIGTERM") to $ST_LAUNCH_SIGNAL_FILE, which scripts/launch-rank sets on the
-// launcher's host. A stop so relayed counts as kRelayed + the original's
+// scripts/launch turns the SIGTERM, SIGINT, SIGHUP or SIGUSR1 it gets into
+// SIGUSR1, the one signal mpirun passes on at once, and first writes the
+// name of the one it got ("SIGTERM") to $ST_LAUNCH_SIGNAL_FILE, which
+// scripts/launch-rank sets on the launcher's host. A stop so relayed counts as kRelayed + the original's
 // number: above any signal a rank got directly in the ranks' Max agreement,
 // so one rank that can read the file names the signal for all of them.
 constexpr int kRelayed = 64;
