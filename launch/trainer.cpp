@@ -106,8 +106,18 @@ class StopSignals {
     g_stop_signal = 0;
     for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);
   }
+  // SIGUSR1, left at its default, is ignored from here on. A stop reaches the
+  // ranks more than once and not at the same moment (mpirun signals each
+  // rank's process group and scripts/launch-rank passes the signal on too;
+  // each rank's launch-rank sees its launcher die on its own 0.2 s poll), and
+  // the ranks stop as soon as one of them has it: a late copy must not kill a
+  // rank that has stopped, saved and is exiting 0.
   ~StopSignals() {
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &old_[i], nullptr);
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+      const bool usr1_default = kStopSignals[i] == SIGUSR1 && old_[i].sa_handler == SIG_DFL;
+      if (usr1_default) old_[i].sa_handler = SIG_IGN;
+      ::sigaction(kStopSignals[i], &old_[i], nullptr);
+    }
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;

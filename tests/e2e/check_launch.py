@@ -22,6 +22,8 @@ one of:
   sigint-ignored   a launcher started with SIGINT ignored (as `cmd &` in a script does) says so at start with its
                    pid; SIGINT leaves the run going; SIGTERM then stops it, the last line naming SIGTERM.
   signal-names     SIGUSR1 and SIGHUP to the launcher: the trainer's last line names the signal received.
+  late-signal      a stop's SIGUSR1 arriving again at a rank that has already stopped (sent once its handler is
+                   gone; each rank's launch-rank passes a stop on at its own moment): the rank still exits 0.
   errors-once      errors every rank hits, at 2-3 ranks: batch sizes that do not divide (with what would),
                    train.device: cuda without a GPU, a missing --config (--self-check alone) print one line; --help
                    and --print-config print once.
@@ -335,6 +337,44 @@ def check_signal_names(trainer, tmp):
             fail(f"the last line should name {sig.name}")
 
 
+def usr1_caught(pid):
+    """Whether `pid` has a handler for SIGUSR1 (its SigCgt mask), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(ln.split()[1] for ln in f if ln.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return None
+    return bool(int(mask, 16) >> (signal.SIGUSR1 - 1) & 1)
+
+
+def check_late_signal(trainer, tmp):
+    metrics = os.path.join(tmp, "late.jsonl")
+    job = Job([LAUNCH, "-np", "2", trainer] + TINY + ["--set", f"logging.metrics_file={metrics}"])
+    wait_for_steps(metrics, 3, job)
+    pids = rank_pids(metrics)
+    os.kill(pids[0], signal.SIGUSR1)  # rank 0 alone: the ranks agree to stop
+    job.wait_for_line("done: steps")
+    # A late copy of the stop (another rank's launch-rank passing it on): sent to each rank once its stop handler is
+    # gone, i.e. once it has left training, unless it has exited first.
+    late, waiting = [], set(pids.values())
+    deadline = time.time() + HANG_S
+    while waiting and time.time() < deadline:
+        for pid in list(waiting):
+            caught = usr1_caught(pid)
+            if caught is None:
+                waiting.discard(pid)
+            elif not caught:
+                os.kill(pid, signal.SIGUSR1)
+                late.append(pid)
+                waiting.discard(pid)
+        time.sleep(0.001)
+    err = job.finish()
+    print(f"late-signal: SIGUSR1 to {len(late)} rank(s) after they left training; launcher exit {job.proc.returncode}")
+    if job.proc.returncode != 0 or "killed by SIGUSR1" in err or "stopped after step" not in err:
+        job.dump()
+        fail("a SIGUSR1 arriving after a rank has stopped should leave it exiting 0")
+
+
 def check_errors_once(trainer, tmp):
     proc = launch("-np", "3", trainer, "--config", "configs/llama-tiny.yaml", "--set", "train.global_batch_size=16",
                   "--set", "train.micro_batch_size=4")
@@ -399,7 +439,8 @@ def main():
     check_main({"rank-killed": check_rank_killed, "second-signal": check_second_signal,
                 "launcher-killed": check_launcher_killed, "clean": check_clean, "split": check_split,
                 "quiet-failure": check_quiet_failure, "sigint-ignored": check_sigint_ignored,
-                "signal-names": check_signal_names, "errors-once": check_errors_once})
+                "signal-names": check_signal_names, "errors-once": check_errors_once,
+                "late-signal": check_late_signal})
 
 
 if __name__ == "__main__":
