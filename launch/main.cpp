@@ -33,16 +33,26 @@ void log_start(const st::launch::TrainerArgs& args, st::ProcessGroup& world, st:
             world.backend_name(), st::cuda::device_count(), st::cuda::compiled_with_cuda() ? "built in" : "not built");
 }
 
+// Prints `text` on stdout from rank 0 of the job only: mpirun gives every
+// rank the same arguments, so --help and the like would print once per rank.
+int print_once(const std::string& text, bool rank0) {
+  if (rank0) std::fputs(text.c_str(), stdout);
+  return 0;
+}
+
 int run(const std::vector<std::string>& argv) {
-  st::launch::TrainerArgs args = st::launch::parse_trainer_args(argv);
-  if (args.help) {
-    std::fputs(st::launch::trainer_usage().c_str(), stdout);
-    return 0;
+  // Rank 0 by the launcher's environment (no MPI yet): it alone prints what
+  // every rank would print alike, a usage error included.
+  const bool rank0 = st::agreed_errors_of_job().reporter();
+  st::launch::TrainerArgs args;
+  try {
+    args = st::launch::parse_trainer_args(argv);
+  } catch (const st::cli::UsageError&) {
+    if (!rank0) return 0;
+    throw;
   }
-  if (args.list_keys) {
-    std::fputs(st::launch::config_keys_markdown().c_str(), stdout);
-    return 0;
-  }
+  if (args.help) return print_once(st::launch::trainer_usage(), rank0);
+  if (args.list_keys) return print_once(st::launch::config_keys_markdown(), rank0);
   // A torchrun or plain Slurm environment of several processes without MPI
   // would split the job into independent runs: refused before anything else.
   st::detect_world();
@@ -54,10 +64,7 @@ int run(const std::vector<std::string>& argv) {
   } catch (const st::Error& e) {
     throw st::AgreedError(e.message(), __FILE__, __LINE__);
   }
-  if (args.print_config) {
-    std::fputs(st::to_yaml(config).c_str(), stdout);
-    return 0;
-  }
+  if (args.print_config) return print_once(st::to_yaml(config), rank0);
 
   st::CommRuntime comm;
   st::ProcessGroup& world = comm.world();

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -55,7 +56,16 @@ extern "C" void on_stop_signal(int sig) {
   g_stop_signal.store(sig);
 }
 
+// scripts/launch turns the SIGTERM, SIGINT, SIGHUP or SIGUSR1 it gets into
+// SIGUSR1, the one signal mpirun passes on at once, and first writes the
+// name of the one it got ("SIGTERM") to $ST_LAUNCH_SIGNAL_FILE, which
+// scripts/launch-rank sets on the launcher's host. A stop so relayed counts as kRelayed + the original's
+// number: above any signal a rank got directly in the ranks' Max agreement,
+// so one rank that can read the file names the signal for all of them.
+constexpr int kRelayed = 64;
+
 std::string_view signal_name(int sig) {
+  if (sig > kRelayed) sig -= kRelayed;
   switch (sig) {
     case SIGTERM: return "SIGTERM";
     case SIGINT: return "SIGINT";
@@ -63,6 +73,27 @@ std::string_view signal_name(int sig) {
     case SIGUSR1: return "SIGUSR1";
   }
   return "a signal";
+}
+
+// The signal the launcher relayed as SIGUSR1, 0 when it named none.
+int relayed_signal() {
+  const char* path = std::getenv("ST_LAUNCH_SIGNAL_FILE");
+  if (path == nullptr || *path == '\0') return 0;
+  std::ifstream in(path);
+  std::string name;
+  in >> name;
+  for (int sig : kStopSignals)
+    if (name == signal_name(sig)) return sig;
+  return 0;
+}
+
+// This rank's stop request for the ranks' agreement: the signal it got (a
+// relayed one as above), 0 for none.
+int stop_request() {
+  const int sig = g_stop_signal.load();
+  if (sig != SIGUSR1) return sig;
+  const int original = relayed_signal();
+  return original != 0 ? kRelayed + original : sig;
 }
 
 // Installs the stop handlers for the life of a train() call.
@@ -75,8 +106,18 @@ class StopSignals {
     g_stop_signal = 0;
     for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);
   }
+  // SIGUSR1, left at its default, is ignored from here on. A stop reaches the
+  // ranks more than once and not at the same moment (mpirun signals each
+  // rank's process group and scripts/launch-rank passes the signal on too;
+  // each rank's launch-rank sees its launcher die on its own 0.2 s poll), and
+  // the ranks stop as soon as one of them has it: a late copy must not kill a
+  // rank that has stopped, saved and is exiting 0.
   ~StopSignals() {
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &old_[i], nullptr);
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+      const bool usr1_default = kStopSignals[i] == SIGUSR1 && old_[i].sa_handler == SIG_DFL;
+      if (usr1_default) old_[i].sa_handler = SIG_IGN;
+      ::sigaction(kStopSignals[i], &old_[i], nullptr);
+    }
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -88,7 +129,7 @@ class StopSignals {
 // The largest stop signal any rank got, 0 for none (collective: every rank
 // calls it at the same boundary, so all stop together).
 int stop_agreed(ProcessGroup& world) {
-  Tensor flag = Tensor::from_vector(std::vector<int32_t>{g_stop_signal.load()}, {1});
+  Tensor flag = Tensor::from_vector(std::vector<int32_t>{stop_request()}, {1});
   world.all_reduce(flag, {.op = ReduceOp::Max}).wait();
   return flag.data<int32_t>()[0];
 }
@@ -425,7 +466,8 @@ void Trainer::setup_devices() {
   resume_ = effective_resume(config_, options_.resume, options_.overwrite);
   // Held for the whole run: a second job on the same checkpoint.dir fails here.
   run_root_ = prepare_checkpoint_dir(config_, world_, resume_, options_.overwrite, log_);
-  device_ = resolve_device(tc_.device, options_.local_rank);
+  // A missing GPU is usually missing on every rank: printed once when all agree.
+  run_on_every_rank(world_, [&] { device_ = resolve_device(tc_.device, options_.local_rank); });
   if (device_.is_cuda()) cuda::set_device(device_.index);
   threads_ = tc_.threads > 0 ? static_cast<int>(tc_.threads) : cpu::auto_cpu_threads(local_size_);
   cpu::set_cpu_threads(threads_);
@@ -834,7 +876,7 @@ std::string Trainer::eval_summary() const {
 
 void Trainer::save(int64_t done) {
   // Every rank agrees whether any was sent SIGTERM; a stop saves like the end of the run.
-  if ((stop_signal_ = checkpointer_->end_of_step(g_stop_signal.load())) != 0 && done + 1 < last_step_) {
+  if ((stop_signal_ = checkpointer_->end_of_step(stop_request())) != 0 && done + 1 < last_step_) {
     terminated_ = true;
     last_step_ = done + 1;
   }
@@ -904,6 +946,52 @@ bool Trainer::refresh_plot() {
   }
 }
 
+// "1, 2 or 4" (empty for none).
+std::string or_list(const std::vector<int64_t>& values) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == values.size() ? " or " : ", ") + std::to_string(values[i]);
+  }
+  return out;
+}
+
+// The divisors of n, at most `most` of them: those nearest `near`, ascending.
+std::vector<int64_t> divisors_near(int64_t n, int64_t near, size_t most) {
+  std::vector<int64_t> all;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    all.push_back(d);
+    if (d != n / d) all.push_back(n / d);
+  }
+  std::sort(all.begin(), all.end());
+  std::stable_sort(all.begin(), all.end(),
+                   [near](int64_t a, int64_t b) { return std::abs(a - near) < std::abs(b - near); });
+  if (all.size() > most) all.resize(most);
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+// What would divide, for the error of accumulation_steps: the global batch
+// sizes nearest the configured one at this world size, the micro-batch sizes
+// that fit it, and the world sizes that fit the batch settings as they are.
+std::string batch_fixes(const TrainConfig& train, int world_size) {
+  constexpr size_t kMost = 6;  // enough choice without a wall of numbers
+  const int64_t per_step = static_cast<int64_t>(world_size) * train.micro_batch_size;
+  const int64_t global = train.global_batch_size;
+  std::vector<int64_t> globals;
+  if (global / per_step > 0) globals.push_back(global / per_step * per_step);
+  globals.push_back((global / per_step + 1) * per_step);
+  std::string fixes = format("; at {} rank(s) set train.global_batch_size to {}", world_size, or_list(globals));
+  if (global % world_size == 0)
+    fixes += format(", or train.micro_batch_size to {}",
+                    or_list(divisors_near(global / world_size, train.micro_batch_size, kMost)));
+  if (global % train.micro_batch_size == 0) {
+    fixes += format("; or run {} rank(s) (-np) with these batch sizes",
+                    or_list(divisors_near(global / train.micro_batch_size, world_size, kMost)));
+  }
+  return fixes;
+}
+
 }  // namespace
 
 Device resolve_device(DeviceKind kind, int local_rank) {
@@ -918,9 +1006,14 @@ Device resolve_device(DeviceKind kind, int local_rank) {
 
 int64_t accumulation_steps(const TrainConfig& train, int world_size) {
   const int64_t per_step = static_cast<int64_t>(world_size) * train.micro_batch_size;
-  ST_CHECK(train.global_batch_size % per_step == 0,
-           "train.global_batch_size ({}) must be divisible by world size ({}) x train.micro_batch_size ({}) = {}",
-           train.global_batch_size, world_size, train.micro_batch_size, per_step);
+  // Every rank computes this from the same config and world: rank 0 alone reports it.
+  if (train.global_batch_size % per_step != 0) {
+    throw AgreedError(
+        format("train.global_batch_size ({}) must be divisible by world size ({}) x "
+               "train.micro_batch_size ({}) = {}{}",
+               train.global_batch_size, world_size, train.micro_batch_size, per_step, batch_fixes(train, world_size)),
+        __FILE__, __LINE__);
+  }
   return train.global_batch_size / per_step;
 }
 

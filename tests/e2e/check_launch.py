@@ -14,7 +14,19 @@ one of:
   launcher-killed  `kill -9` of the launcher while training: mpirun and every rank end (checked by pid),
                    having saved the last step; the checkpoint.dir lock is free and the job's last lines
                    still reach the launcher's stderr.
-  clean            good runs through the launcher exit 0 and print no line about /proc or from the launcher.
+  clean            good runs through the launcher exit 0 and print no line about /proc, from bash or from the
+                   launcher.
+  quiet-failure    a typo in --set through the launcher prints the rank's one error line and nothing else (no
+                   mpirun banner, no launcher line), exit 1; with --verbose the launcher's line too. A program that
+                   does not exist (mpirun fails, saying nothing under -q): one launcher line pointing to --verbose.
+  sigint-ignored   a launcher started with SIGINT ignored (as `cmd &` in a script does) says so at start with its
+                   pid; SIGINT leaves the run going; SIGTERM then stops it, the last line naming SIGTERM.
+  signal-names     SIGUSR1 and SIGHUP to the launcher: the trainer's last line names the signal received.
+  late-signal      a stop's SIGUSR1 arriving again at a rank that has already stopped (sent once its handler is
+                   gone; each rank's launch-rank passes a stop on at its own moment): the rank still exits 0.
+  errors-once      errors every rank hits, at 2-3 ranks: batch sizes that do not divide (with what would),
+                   train.device: cuda without a GPU, a missing --config (--self-check alone) print one line; --help
+                   and --print-config print once.
   split            RANK=1 WORLD_SIZE=2, or SLURM_NTASKS=2 SLURM_PROCID=0, without an MPI world: the trainer
                    exits 1 before doing anything, saying to launch through mpirun/srun; RANK=0 WORLD_SIZE=1
                    still runs.
@@ -22,6 +34,7 @@ Each check prints what it observed; a failure exits 1.
 """
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,19 +42,40 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, check_main, fail, rank_pids  # noqa: E402
+from harness import ROOT, check_main, fail, metrics_rows, rank_pids  # noqa: E402
 
 LAUNCH = os.path.join(ROOT, "scripts", "launch")
 TINY = ["--config", "configs/llama-tiny.yaml", "--steps", "1000000", "--set", "logging.interval=1"]
 HANG_S = 240  # a hang guard: far above what any of these takes
 
 
+# Lines no run may print: bash's own errors and job notices ("scripts/launch: line 74: /proc/30759/stat: No such
+# file or directory", "launch-rank: line 100: 4242 Killed ..."), a /proc path, and mpirun's banners.
+NOISE = re.compile(r"launch(-rank)?: line \d+: |/proc/|Primary job|mpirun detected|mpirun noticed|Forwarding signal|"
+                   r"^-{20,}$")
+
+
+def noise(text):
+    return [ln for ln in text.splitlines() if NOISE.search(ln)]
+
+
+def sigint_default():
+    """preexec_fn: SIGINT at its default, so the launcher's warning for an ignored SIGINT does not depend on how
+    the test itself was started (CTest in the background of a script would pass SIGINT ignored on)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def sigint_ignored():
+    """preexec_fn: SIGINT ignored, as a shell starts a background job."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Job:
     """A command whose stderr is read as it comes, so a test can wait for a line."""
 
-    def __init__(self, cmd, env=None):
+    def __init__(self, cmd, env=None, preexec=sigint_default):
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=env)
+                                     env=env, preexec_fn=preexec)
         self.err, self.out = [], []
         self.cond = threading.Condition()
         self.readers = [threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
@@ -154,10 +188,12 @@ def check_rank_killed(trainer, tmp):
     want = f"launch: rank 1 (pid {pids[1]} on host "
     line = next((ln for ln in err.splitlines() if want in ln), "")
     print(f"rank-killed: launcher exit {job.proc.returncode}: {line}")
+    said = [ln for ln in err.splitlines() if ln.startswith("launch")]
     if job.proc.returncode != 137 or "was killed by SIGKILL — out of memory?" not in line or \
-            "Ending the other ranks and mpirun, exit 137." not in line:
+            "Ending the other ranks and mpirun, exit 137." not in line or len(said) != 1 or noise(err):
         job.dump()
-        fail("SIGKILL of a rank should end the job with exit 137, naming rank 1, its pid and the signal")
+        fail("SIGKILL of a rank should end the job with exit 137 and one line naming rank 1, its pid and the "
+             f"signal, without bash's notices or mpirun's banners: {said + noise(err)}")
     wait_gone(list(pids.values()), "after the launcher ended")
     print(f"rank-killed: ranks {sorted(pids.values())} are gone")
 
@@ -185,7 +221,7 @@ def check_second_signal(trainer, tmp):
         if ln.startswith("launch:") or "stopped after" in ln:
             print(f"  {ln.strip()}")
     if job.proc.returncode != 0 or latest != f"step-{step:06d}" or not complete or \
-            f"stopped after step {step} of 1000000 (SIGUSR1)" not in err:
+            f"stopped after step {step} of 1000000 (SIGTERM)" not in err:
         job.dump()
         fail("a second SIGTERM during the save should still commit the checkpoint and exit 0")
 
@@ -223,15 +259,154 @@ def check_launcher_killed(trainer, tmp):
         fail("after kill -9 of the launcher the ranks should save, stop and free the lock, saying why")
 
 
+def launch(*args):
+    """Runs the launcher (SIGINT at its default) to its end; returns the CompletedProcess."""
+    return subprocess.run([LAUNCH, *args], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S,
+                          preexec_fn=sigint_default)
+
+
 def check_clean(trainer, tmp):
     for i in range(3):
-        proc = subprocess.run([LAUNCH, "-np", "2", trainer, "--config", "configs/toy.yaml", "--steps", "5"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
-        noise = [ln for ln in proc.stderr.splitlines() if "/proc/" in ln or ln.startswith("launch")]
-        print(f"clean: run {i + 1}: exit {proc.returncode}, {len(noise)} line(s) about /proc or from the launcher")
-        if proc.returncode != 0 or noise or "done: steps 1..5" not in proc.stderr:
+        proc = launch("-np", "2", trainer, "--config", "configs/toy.yaml", "--steps", "5")
+        bad = noise(proc.stderr) + [ln for ln in proc.stderr.splitlines() if ln.startswith("launch")]
+        print(f"clean: run {i + 1}: exit {proc.returncode}, {len(bad)} line(s) about /proc, from bash or the launcher")
+        if proc.returncode != 0 or bad or "done: steps 1..5" not in proc.stderr:
             sys.stderr.write(proc.stderr[-3000:])
-            fail(f"a good run should exit 0 without such lines: {noise}")
+            fail(f"a good run should exit 0 without such lines: {bad}")
+
+
+def check_quiet_failure(trainer, tmp):
+    typo = ["-np", "2", trainer, "--config", "configs/toy.yaml", "--set", "train.stepz=3"]
+    want = "trainer: error: unknown key 'train.stepz' in --set; did you mean 'train.steps'?\n"
+    proc = launch(*typo)
+    print(f"quiet-failure: a typo in --set: exit {proc.returncode}, output {proc.stdout + proc.stderr!r}")
+    if proc.returncode != 1 or proc.stdout or proc.stderr != want:
+        fail(f"expected exit 1 and exactly {want!r}")
+    proc = launch("--verbose", *typo)
+    said = re.compile(r"^launch: rank 0 \(pid \d+ on host \S+\) exited with status 1\. Ending the other ranks and "
+                      r"mpirun, exit 1\.$", re.M)
+    print(f"quiet-failure: --verbose: exit {proc.returncode}, {len(proc.stderr.splitlines())} line(s)")
+    if proc.returncode != 1 or not proc.stderr.startswith(want) or not said.search(proc.stderr):
+        sys.stderr.write(proc.stderr)
+        fail("--verbose should add the launcher's line naming rank 0 and its status")
+    # mpirun's own failure, which -q leaves unexplained: the launcher points to --verbose.
+    proc = launch("-np", "2", os.path.join(tmp, "no-such-program"))
+    want = (f"launch: mpirun exited with status {proc.returncode} before any rank ended; run again with --verbose "
+            "(first argument) for mpirun's own messages\n")  # Open MPI 4.1 exits 132 here
+    print(f"quiet-failure: a program that does not exist: exit {proc.returncode}, output {proc.stdout + proc.stderr!r}")
+    if proc.returncode == 0 or proc.stdout or proc.stderr != want:
+        fail(f"expected mpirun's non-zero exit and exactly {want!r}")
+
+
+def check_sigint_ignored(trainer, tmp):
+    metrics = os.path.join(tmp, "ignored.jsonl")
+    job = Job([LAUNCH, "-np", "2", trainer] + TINY + ["--set", f"logging.metrics_file={metrics}"],
+              preexec=sigint_ignored)
+    pid = job.proc.pid
+    warned = job.wait_for_line("launch: SIGINT")
+    want = (f"launch: SIGINT is ignored in this shell (started in the background?), so Ctrl-C and kill -INT cannot "
+            f"stop this run; stop it with kill {pid} (SIGTERM) or kill -USR1 {pid}\n")
+    wait_for_steps(metrics, 2, job)
+    job.proc.send_signal(signal.SIGINT)
+    at_sigint = len(metrics_rows(metrics))
+    wait_for_steps(metrics, at_sigint + 3, job)  # the event line too: 2 steps after the SIGINT
+    job.proc.send_signal(signal.SIGTERM)
+    err = job.finish()
+    last = metrics_rows(metrics)[-1]["step"]
+    print(f"sigint-ignored: {warned.strip()}")
+    print(f"sigint-ignored: SIGINT after step {at_sigint}, SIGTERM after step {last}: exit {job.proc.returncode}")
+    if warned != want or err.count("launch: SIGINT is ignored") != 1 or last < at_sigint + 2 or \
+            job.proc.returncode != 0 or f"stopped after step {last} of 1000000 (SIGTERM)" not in err or noise(err):
+        job.dump()
+        fail(f"expected the warning {want!r} once, training on after SIGINT, and a stop by SIGTERM saying so")
+
+
+def check_signal_names(trainer, tmp):
+    for sig in (signal.SIGUSR1, signal.SIGHUP):
+        metrics = os.path.join(tmp, f"{sig.name}.jsonl")
+        job = Job([LAUNCH, "-np", "2", trainer] + TINY + ["--set", f"logging.metrics_file={metrics}"])
+        wait_for_steps(metrics, 2, job)
+        job.proc.send_signal(sig)
+        err = job.finish()
+        last = metrics_rows(metrics)[-1]["step"]
+        line = next((ln.strip() for ln in err.splitlines() if "stopped after step" in ln), "")
+        print(f"signal-names: {sig.name} to the launcher: exit {job.proc.returncode}: {line}")
+        if job.proc.returncode != 0 or not line.endswith(f"stopped after step {last} of 1000000 ({sig.name}); no "
+                                                         "checkpoint.dir, so nothing was saved"):
+            job.dump()
+            fail(f"the last line should name {sig.name}")
+
+
+def usr1_caught(pid):
+    """Whether `pid` has a handler for SIGUSR1 (its SigCgt mask), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(ln.split()[1] for ln in f if ln.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return None
+    return bool(int(mask, 16) >> (signal.SIGUSR1 - 1) & 1)
+
+
+def check_late_signal(trainer, tmp):
+    metrics = os.path.join(tmp, "late.jsonl")
+    job = Job([LAUNCH, "-np", "2", trainer] + TINY + ["--set", f"logging.metrics_file={metrics}"])
+    wait_for_steps(metrics, 3, job)
+    pids = rank_pids(metrics)
+    os.kill(pids[0], signal.SIGUSR1)  # rank 0 alone: the ranks agree to stop
+    job.wait_for_line("done: steps")
+    # A late copy of the stop (another rank's launch-rank passing it on): sent to each rank once its stop handler is
+    # gone, i.e. once it has left training, unless it has exited first.
+    late, waiting = [], set(pids.values())
+    deadline = time.time() + HANG_S
+    while waiting and time.time() < deadline:
+        for pid in list(waiting):
+            caught = usr1_caught(pid)
+            if caught is None:
+                waiting.discard(pid)
+            elif not caught:
+                os.kill(pid, signal.SIGUSR1)
+                late.append(pid)
+                waiting.discard(pid)
+        time.sleep(0.001)
+    err = job.finish()
+    print(f"late-signal: SIGUSR1 to {len(late)} rank(s) after they left training; launcher exit {job.proc.returncode}")
+    if job.proc.returncode != 0 or "killed by SIGUSR1" in err or "stopped after step" not in err:
+        job.dump()
+        fail("a SIGUSR1 arriving after a rank has stopped should leave it exiting 0")
+
+
+def check_errors_once(trainer, tmp):
+    proc = launch("-np", "3", trainer, "--config", "configs/llama-tiny.yaml", "--set", "train.global_batch_size=16",
+                  "--set", "train.micro_batch_size=4")
+    want = ("trainer: error: train.global_batch_size (16) must be divisible by world size (3) x "
+            "train.micro_batch_size (4) = 12; at 3 rank(s) set train.global_batch_size to 12 or 24; or run 1, 2 or 4 "
+            "rank(s) (-np) with these batch sizes")
+    lines = [ln for ln in proc.stderr.splitlines() if " INFO " not in ln]
+    print(f"errors-once: 3 ranks, global batch 16 of micro-batches 4: exit {proc.returncode}: {lines}")
+    if proc.returncode != 1 or lines != [want]:
+        sys.stderr.write(proc.stderr)
+        fail(f"expected exit 1 and the one line {want!r}")
+    # train.device: cuda without a GPU (or without CUDA built in): every rank finds it; one line. (With a GPU the
+    # run simply trains its one step.)
+    proc = launch("-np", "2", trainer, "--config", "configs/llama-tiny.yaml", "--steps", "2", "--set",
+                  "train.device=cuda")
+    lines = [ln for ln in proc.stderr.splitlines() if " INFO " not in ln]
+    print(f"errors-once: 2 ranks, train.device=cuda: exit {proc.returncode}: {lines}")
+    if proc.returncode != 0 and (len(lines) != 1 or not lines[0].startswith("trainer: error: train.device: cuda, but ")):
+        sys.stderr.write(proc.stderr)
+        fail("train.device: cuda without a GPU should print one error line")
+    proc = launch("-np", "2", trainer, "--self-check")
+    want = "trainer: error: missing --config FILE (for example --config configs/toy.yaml)\n"
+    print(f"errors-once: 2 ranks, --self-check without --config: exit {proc.returncode}: {proc.stderr!r}")
+    if proc.returncode != 2 or proc.stderr != want or proc.stdout:
+        fail(f"expected exit 2 and exactly {want!r}")
+    for flags in (["--help"], ["--config", "configs/toy.yaml", "--print-config"]):
+        alone = subprocess.run([trainer, *flags], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
+        proc = launch("-np", "2", trainer, *flags)
+        print(f"errors-once: 2 ranks, {' '.join(flags)}: exit {proc.returncode}, {len(proc.stdout.splitlines())} "
+              f"line(s) on stdout, {len(alone.stdout.splitlines())} from one process")
+        if proc.returncode != 0 or proc.stdout != alone.stdout or not alone.stdout or proc.stderr:
+            fail(f"{' '.join(flags)} at 2 ranks should print what one process prints, once")
 
 
 def check_split(trainer, tmp):
@@ -262,7 +437,10 @@ def check_split(trainer, tmp):
 
 def main():
     check_main({"rank-killed": check_rank_killed, "second-signal": check_second_signal,
-                "launcher-killed": check_launcher_killed, "clean": check_clean, "split": check_split})
+                "launcher-killed": check_launcher_killed, "clean": check_clean, "split": check_split,
+                "quiet-failure": check_quiet_failure, "sigint-ignored": check_sigint_ignored,
+                "signal-names": check_signal_names, "errors-once": check_errors_once,
+                "late-signal": check_late_signal})
 
 
 if __name__ == "__main__":

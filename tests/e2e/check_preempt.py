@@ -67,7 +67,7 @@ def check_term(trainer, tmp):
     k = max(logged)
     with open(os.path.join(root, "latest")) as f:
         latest = f.read().strip()
-    ok = (proc.returncode == 0 and k == 2 and f"stopped after step {k} of 100000 (SIGUSR1)" in err and
+    ok = (proc.returncode == 0 and k == 2 and f"stopped after step {k} of 100000 (SIGTERM)" in err and
           f"stopping in step {k + 1} at a micro-batch boundary" in err and latest == f"step-{k:06d}" and
           os.path.exists(os.path.join(root, latest, "COMPLETE")))
     print(f"term: launcher exit {proc.returncode} {secs:.1f} s after SIGTERM; stopped in step {k + 1}, "
@@ -101,7 +101,8 @@ def check_int(trainer, tmp):
     with open(os.path.join(root, "latest")) as f:
         latest = f.read().strip()
     print(f"int: launcher exit {proc.returncode} {secs:.1f} s after SIGINT; latest = {latest}")
-    if proc.returncode != 0 or k != 1 or latest != f"step-{k:06d}" or "stopping in step 2 at a micro-batch" not in err:
+    if proc.returncode != 0 or k != 1 or latest != f"step-{k:06d}" or "stopping in step 2 at a micro-batch" not in err \
+            or f"stopped after step {k} of 100000 (SIGINT)" not in err:
         sys.stderr.write(err[-3000:])
         fail("SIGINT to the launcher did not end in a committed checkpoint and exit 0")
     os.remove(metrics)

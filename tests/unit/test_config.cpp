@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "launch/config.h"
+#include "launch/trainer.h"
 #include "tests/harness/test_util.h"
 
 namespace st {
@@ -763,6 +764,45 @@ TEST(Config, ShippedConfigsLoadAndValidate) {
   const int64_t per_layer = 2 * m.hidden_size * m.hidden_size + 2 * m.hidden_size * kv_width +
                             3 * m.hidden_size * m.intermediate_size + 2 * m.hidden_size;
   EXPECT_EQ(m.num_hidden_layers * per_layer + 2 * m.vocab_size * m.hidden_size + m.hidden_size, 1104218112);
+}
+
+// Every rank reaches this error alike (rank 0 alone prints it: an AgreedError),
+// and it lists what would divide: global batch sizes at this world size,
+// micro-batch sizes, and world sizes for the batch settings as they are.
+TEST(Config, BatchSizesThatDoNotDivideSayWhatWould) {
+  auto accum_error = [](int64_t global, int64_t micro, int world) {
+    TrainConfig train;
+    train.global_batch_size = global;
+    train.micro_batch_size = micro;
+    try {
+      launch::accumulation_steps(train, world);
+    } catch (const AgreedError& e) {
+      return e.message();
+    }
+    ADD_FAILURE() << "expected an st::AgreedError";
+    return std::string();
+  };
+  EXPECT_EQ(accum_error(16, 4, 3),
+            "train.global_batch_size (16) must be divisible by world size (3) x train.micro_batch_size (4) = 12; "
+            "at 3 rank(s) set train.global_batch_size to 12 or 24; or run 1, 2 or 4 rank(s) (-np) with these "
+            "batch sizes");
+  EXPECT_EQ(accum_error(12, 4, 2),
+            "train.global_batch_size (12) must be divisible by world size (2) x train.micro_batch_size (4) = 8; "
+            "at 2 rank(s) set train.global_batch_size to 8 or 16, or train.micro_batch_size to 1, 2, 3 or 6; "
+            "or run 1 or 3 rank(s) (-np) with these batch sizes");
+  // No global batch below one step's worth; 7 is prime, and micro 2 does not divide it.
+  EXPECT_EQ(accum_error(7, 2, 4),
+            "train.global_batch_size (7) must be divisible by world size (4) x train.micro_batch_size (2) = 8; "
+            "at 4 rank(s) set train.global_batch_size to 8");
+  // At most six world sizes, those nearest the one in use.
+  EXPECT_EQ(accum_error(720, 1, 7),
+            "train.global_batch_size (720) must be divisible by world size (7) x train.micro_batch_size (1) = 7; "
+            "at 7 rank(s) set train.global_batch_size to 714 or 721; or run 4, 5, 6, 8, 9 or 10 rank(s) (-np) with "
+            "these batch sizes");
+  TrainConfig fits;
+  fits.global_batch_size = 12;
+  fits.micro_batch_size = 2;
+  EXPECT_EQ(launch::accumulation_steps(fits, 3), 2);
 }
 
 }  // namespace
