@@ -94,8 +94,10 @@ int run(const std::vector<std::string>& argv) {
 
 }  // namespace
 
+// OpenMP threads spin only briefly while they wait (core/cpu/parallel.h).
+ST_SHORT_OPENMP_SPIN();
+
 int main(int argc, char** argv) {
-  st::cpu::use_short_openmp_spin(argv);
   const std::vector<std::string> args(argv + 1, argv + argc);
   // A bad config fails on every rank alike: rank 0 reports it (see agreed_errors_of_job).
   return st::run_main(

@@ -39,12 +39,11 @@ int auto_cpu_threads(int local_ranks) {
   return std::max(1, mine / local_ranks);
 }
 
-void use_short_openmp_spin(char** argv) {
+void short_openmp_spin_preinit(int /*argc*/, char** /*argv*/, char** /*envp*/) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
   // A short spin catches the next parallel loop of a busy step without a
   // futex wake-up, and gives a shared core back within microseconds.
   setenv("GOMP_SPINCOUNT", "2000", 1);
-  execv("/proc/self/exe", argv);
 }
 
 namespace detail {

@@ -36,11 +36,25 @@ std::string gemm_backend();
 /// sleeping at once (OMP_WAIT_POLICY=passive) costs a futex wake-up per
 /// parallel loop, ~600 loops per m8 step (m8 BF16 at 2 threads: 8,500 tok/s
 /// against 9,800 with a short spin). So when neither OMP_WAIT_POLICY nor
-/// GOMP_SPINCOUNT is set, this sets GOMP_SPINCOUNT=2000 (a few microseconds)
-/// and re-executes the program (libgomp reads its environment only when it
-/// loads). Call first thing in main(); returns when nothing had to be done or
-/// the re-exec failed.
-void use_short_openmp_spin(char** argv);
+/// GOMP_SPINCOUNT is set, this sets GOMP_SPINCOUNT=2000 (a few microseconds).
+/// libgomp reads its environment once, in its own initialiser, so this must
+/// run before that: it is called from the executable's .preinit_array (see
+/// ST_SHORT_OPENMP_SPIN), which the dynamic loader runs before the
+/// initialiser of any shared library. The signature is the one it passes.
+void short_openmp_spin_preinit(int argc, char** argv, char** envp);
+
+}  // namespace st::cpu
+
+/// Sets GOMP_SPINCOUNT before libgomp starts (st::cpu::short_openmp_spin_preinit),
+/// without re-executing the program. Write it once at namespace scope in the
+/// file that holds main(): .preinit_array entries count only in the
+/// executable's own objects (a shared library may not have them, and an
+/// object of a static library is linked only when something else pulls it in).
+#define ST_SHORT_OPENMP_SPIN()                                                                    \
+  [[gnu::section(".preinit_array"), gnu::used]] static void (*const st_short_openmp_spin_entry_)( \
+      int, char**, char**) = &::st::cpu::short_openmp_spin_preinit
+
+namespace st::cpu {
 
 namespace detail {
 void run_blocks(int64_t blocks, void* ctx, void (*body)(void* ctx, int64_t block));
