@@ -85,15 +85,18 @@ void* library_symbol(const char* name) {
 }
 
 std::string call_text(const char* written) {
-  constexpr std::string_view kMacro = "ST_CUDA_LIB_CALL(";
+  constexpr std::string_view kMacro = "ST_CUDA_LIB_CALL";
   std::string_view rest(written);
   std::string out;
   for (std::size_t at = rest.find(kMacro); at != std::string_view::npos; at = rest.find(kMacro)) {
     out += rest.substr(0, at);
-    rest.remove_prefix(at + kMacro.size());
-    const std::size_t close = rest.find(')');
-    if (close == std::string_view::npos) break;
-    out += rest.substr(0, close);
+    rest.remove_prefix(at);
+    // ST_CUDA_LIB_CALL(name) or ST_CUDA_LIB_CALL_AS(name, type): keep the name only.
+    const std::size_t open = rest.find('(');
+    const std::size_t close = rest.find(')', open);
+    if (open == std::string_view::npos || close == std::string_view::npos) break;
+    const std::string_view args = rest.substr(open + 1, close - open - 1);
+    out += args.substr(0, args.find(','));
     rest.remove_prefix(close + 1);
   }
   out += rest;

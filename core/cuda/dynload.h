@@ -23,8 +23,8 @@ namespace st::cuda {
 /// function when the library lacks it (an older version than the build's).
 void* library_symbol(const char* name);
 
-/// A call written through ST_CUDA_LIB_CALL as its author meant it, for error
-/// messages: "ST_CUDA_LIB_CALL(cublasLtCreate)(&handle_)" -> "cublasLtCreate(&handle_)".
+/// A call written through ST_CUDA_LIB_CALL (or _AS) as its author meant it, for
+/// error messages: "ST_CUDA_LIB_CALL(cublasLtCreate)(&handle_)" -> "cublasLtCreate(&handle_)".
 std::string call_text(const char* written);
 
 }  // namespace st::cuda
@@ -33,9 +33,14 @@ std::string call_text(const char* written);
 /// use, thread-safely) and typed as the header declares it. The name is
 /// macro-expanded before it is looked up, so cublas_v2.h's
 /// `#define cublasCreate cublasCreate_v2` finds the exported symbol.
-#define ST_CUDA_LIB_CALL(name) ST_CUDA_LIB_CALL_EXPANDED_(name)
-#define ST_CUDA_LIB_CALL_EXPANDED_(name)                                                                 \
-  ([] {                                                                                                  \
-    static const auto st_lib_fn_ = reinterpret_cast<decltype(&name)>(::st::cuda::library_symbol(#name)); \
-    return st_lib_fn_;                                                                                   \
+#define ST_CUDA_LIB_CALL(name) ST_CUDA_LIB_CALL_TYPED_(name, decltype(&name))
+/// The same for a name that the C++ headers overload (cublas_api.h adds
+/// inline C++ overloads beside some C functions): `fn_type`, a function
+/// pointer type, picks the exported C function, and must match it exactly.
+#define ST_CUDA_LIB_CALL_AS(name, fn_type) ST_CUDA_LIB_CALL_TYPED_(name, decltype(static_cast<fn_type>(&name)))
+// decltype keeps &name unevaluated: nothing links against the library itself.
+#define ST_CUDA_LIB_CALL_TYPED_(name, fn_type)                                                   \
+  ([] {                                                                                          \
+    static const auto st_lib_fn_ = reinterpret_cast<fn_type>(::st::cuda::library_symbol(#name)); \
+    return st_lib_fn_;                                                                           \
   }())

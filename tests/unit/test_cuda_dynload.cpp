@@ -55,6 +55,8 @@ TEST(CudaDynload, MissingFunctionNamesLibraryAndFunction) {
 TEST(CudaDynload, CallTextDropsTheLoader) {
   EXPECT_EQ(cuda::call_text("ST_CUDA_LIB_CALL(cublasLtCreate)(&handle_)"), "cublasLtCreate(&handle_)");
   EXPECT_EQ(cuda::call_text("ST_CUDA_LIB_CALL(ncclGroupEnd)()"), "ncclGroupEnd()");
+  EXPECT_EQ(cuda::call_text("ST_CUDA_LIB_CALL_AS(cublasGemmStridedBatchedEx, GemmStridedBatchedEx)(h, n)"),
+            "cublasGemmStridedBatchedEx(h, n)");
   EXPECT_EQ(cuda::call_text("cudaFree(p)"), "cudaFree(p)");
 }
 
