@@ -12,7 +12,9 @@ CHECK is one of:
   spin       libgomp's own report of its settings (OMP_DISPLAY_ENV=verbose), printed when it initialises:
              with neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT set, the trainer and generate start libgomp
              once, with GOMP_SPINCOUNT = '2000'; a user's GOMP_SPINCOUNT=12345 and a user's
-             OMP_WAIT_POLICY=passive are left alone (libgomp reports 12345, and 0 for passive).
+             OMP_WAIT_POLICY=passive are left alone (libgomp reports 12345, and 0 for passive); an
+             environment with none of the entries the setting borrows while libgomp starts (`_`, OLDPWD,
+             SHLVL, PWD: core/cpu/parallel.h) keeps libgomp's default, 300000, and still starts once.
 Each check prints what it observed; a failure exits 1.
 """
 import os
@@ -80,7 +82,9 @@ def check_spin(trainer, generate, tmp):
              ("trainer --help, GOMP_SPINCOUNT=12345", [trainer, "--help"],
               clean_env(GOMP_SPINCOUNT="12345", **verbose), ["12345"]),
              ("trainer --help, OMP_WAIT_POLICY=passive", [trainer, "--help"],
-              clean_env(OMP_WAIT_POLICY="passive", **verbose), ["0"])]
+              clean_env(OMP_WAIT_POLICY="passive", **verbose), ["0"]),
+             ("trainer --help, only PATH set", [trainer, "--help"], dict(PATH=os.environ["PATH"], **verbose),
+              ["300000"])]
     for name, cmd, env, want in cases:
         got = spin_counts(cmd, env, 0)
         print(f"spin: {name}: libgomp reported GOMP_SPINCOUNT {got}")
