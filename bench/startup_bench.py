@@ -2,11 +2,15 @@
 """Start-up times of the programs (issue 25): the quick commands, and the time from
 starting `scripts/launch` to the first step line of llama-tiny at 1 and 4 ranks.
 
-    bench/startup_bench.py BUILD_DIR [REPEATS]     # run from the repository root; REPEATS defaults to 7
+    bench/startup_bench.py BUILD_DIR [REPEATS] [--cold]   # from the repository root; REPEATS defaults to 7
 
 Each command runs REPEATS times, one after another; the table gives the median and the
-range (min-max) in seconds of wall-clock time. The results are in bench/RESULTS.md ("Start-up").
+range (min-max) in seconds of wall-clock time. With --cold, the page cache drops the programs,
+the shared libraries `ldd` lists for them and every library of the CUDA Toolkit's lib folder before
+each run (posix_fadvise DONTNEED: only pages no running process maps; nothing else is evicted), as
+on a machine where other work has pushed them out. The results are in bench/RESULTS.md ("Start-up").
 """
+import glob
 import os
 import statistics
 import subprocess
@@ -15,6 +19,28 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config", "configs/llama-tiny.yaml"]
+
+
+def evictable(programs):
+    """The programs, the libraries `ldd` finds for them, and the CUDA Toolkit's libraries."""
+    files = set(programs)
+    for program in programs:
+        for line in subprocess.run(["ldd", program], capture_output=True, text=True).stdout.splitlines():
+            parts = line.split("=>")
+            if len(parts) == 2 and parts[1].strip().startswith("/"):
+                files.add(parts[1].split()[0])
+    files.update(glob.glob("/usr/local/cuda/lib/lib*.so*") + glob.glob("/usr/local/cuda/lib64/lib*.so*"))
+    return sorted(os.path.realpath(f) for f in files)
+
+
+def evict(files):
+    for f in files:
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except OSError:
+            continue
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
 
 
 def wall(cmd, code):
@@ -41,9 +67,12 @@ def first_step(cmd, tmp):
 
 
 def main():
-    build = sys.argv[1]
-    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 7
+    args = [a for a in sys.argv[1:] if a != "--cold"]
+    cold = "--cold" in sys.argv
+    build = args[0]
+    repeats = int(args[1]) if len(args) > 1 else 7
     trainer, generate = os.path.join(build, "trainer"), os.path.join(build, "generate")
+    files = evictable([trainer, generate]) if cold else []
     tmp = f"/tmp/startup_bench_{os.getpid()}"
     run = ["--steps", "3", "--set", f"checkpoint.dir={tmp}/ckpt", "--set", f"logging.metrics_file={tmp}/m.jsonl",
            "--overwrite"]
@@ -58,9 +87,13 @@ def main():
         ("scripts/launch -np 4 trainer llama-tiny --steps 3: first step line",
          lambda: first_step(["scripts/launch", "-np", "4", trainer] + TINY + run, tmp)),
     ]
-    print(f"build {build}, {repeats} runs each; seconds: median (min-max)")
+    print(f"build {build}, {repeats} runs each{', page cache dropped before each' if cold else ''}; "
+          "seconds: median (min-max)")
     for name, measure in cases:
-        times = [measure() for _ in range(repeats)]
+        times = []
+        for _ in range(repeats):
+            evict(files)
+            times.append(measure())
         print(f"{name}: {statistics.median(times):.3f} ({min(times):.3f}-{max(times):.3f})", flush=True)
     subprocess.run(["rm", "-rf", tmp])
 

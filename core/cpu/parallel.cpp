@@ -88,7 +88,7 @@ void return_spin_slot(char** env) {
 
 void short_openmp_spin_preinit(int /*argc*/, char** /*argv*/, char** envp) { (void)detail::lend_spin_slot(envp); }
 
-void short_openmp_spin_restore(int /*argc*/, char** /*argv*/, char** /*envp*/) {
+void short_openmp_spin_restore() {
   if (lent_entry == nullptr) return;
   detail::return_spin_slot(environ);
   // A short spin catches the next parallel loop of a busy step without a

@@ -46,12 +46,12 @@ std::string gemm_backend();
 /// short_openmp_spin_preinit lends one entry of that array, in place, to
 /// "GOMP_SPINCOUNT=2000": the first present of `_`, `OLDPWD`, `SHLVL`, `PWD`
 /// (a shell's bookkeeping, which no library reads while it initialises).
-/// short_openmp_spin_restore, from .init_array (after every shared library's
-/// initialiser, before main), puts the entry back and setenv's
+/// short_openmp_spin_restore, a constructor of the executable (these run after
+/// every shared library's initialiser, before main), puts the entry back and setenv's
 /// GOMP_SPINCOUNT=2000, so main() sees the environment it was given plus that
 /// setting. With none of those four set (`env -i`), libgomp keeps its default.
 void short_openmp_spin_preinit(int argc, char** argv, char** envp);
-void short_openmp_spin_restore(int argc, char** argv, char** envp);
+void short_openmp_spin_restore();
 
 namespace detail {
 /// The two halves above on a given environment array (for tests): lends a
@@ -72,8 +72,8 @@ void return_spin_slot(char** env);
 #define ST_SHORT_OPENMP_SPIN()                                                                                         \
   [[gnu::section(".preinit_array"), gnu::used]] static void (*const st_short_openmp_spin_lend_)(int, char**, char**) = \
       &::st::cpu::short_openmp_spin_preinit;                                                                           \
-  [[gnu::section(".init_array"), gnu::used]] static void (*const st_short_openmp_spin_return_)(int, char**, char**) =  \
-      &::st::cpu::short_openmp_spin_restore
+  [[gnu::constructor]] static void st_short_openmp_spin_return_() { ::st::cpu::short_openmp_spin_restore(); }          \
+  static_assert(true)
 
 namespace st::cpu {
 
