@@ -45,19 +45,7 @@ std::size_t library_index(std::string_view name) {
 }
 
 void* open_library(const LibrarySpec& lib) {
-  ST_CHECK(lib.soname[0] != '\0', "{} is needed here, but this build of shardtrain found no {} when it was configured",
-           lib.title, lib.title);
-  if (void* handle = dlopen(lib.soname, RTLD_NOW | RTLD_LOCAL)) return handle;
-  const char* reason = dlerror();
-  const std::string by_soname = reason != nullptr ? reason : "not found";
-  if (lib.build_path[0] != '\0') {
-    if (void* handle = dlopen(lib.build_path, RTLD_NOW | RTLD_LOCAL)) return handle;
-  }
-  ST_FAIL(
-      "cannot load {} ({}), which GPU runs need: {}; install {}, or put the folder that holds {} on "
-      "LD_LIBRARY_PATH (this build was linked against {}); a CPU run (train.device: cpu) needs no CUDA library",
-      lib.title, lib.soname, by_soname, lib.install, lib.soname,
-      lib.build_path[0] != '\0' ? lib.build_path : "no such file");
+  return detail::open_cuda_library(lib.title, lib.soname, lib.build_path, lib.install);
 }
 
 // Opened once per process and never closed: the functions looked up stay in use.
@@ -72,6 +60,25 @@ void* library_handle(std::size_t index) {
 }
 
 }  // namespace
+
+namespace detail {
+
+void* open_cuda_library(const char* title, const char* soname, const char* build_path, const char* install) {
+  ST_CHECK(soname[0] != '\0', "{} is needed here, but this build of shardtrain found no {} when it was configured",
+           title, title);
+  if (void* handle = dlopen(soname, RTLD_NOW | RTLD_LOCAL)) return handle;
+  const char* reason = dlerror();
+  const std::string by_soname = reason != nullptr ? reason : "not found";
+  if (build_path[0] != '\0') {
+    if (void* handle = dlopen(build_path, RTLD_NOW | RTLD_LOCAL)) return handle;
+  }
+  ST_FAIL(
+      "cannot load {} ({}), which GPU runs need: {}; install {}, or put the folder that holds {} on "
+      "LD_LIBRARY_PATH (the build found {}); a CPU run (train.device: cpu) needs no CUDA library",
+      title, soname, by_soname, install, soname, build_path[0] != '\0' ? build_path : "none");
+}
+
+}  // namespace detail
 
 void* library_symbol(const char* name) {
   const std::size_t index = library_index(name);

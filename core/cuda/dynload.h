@@ -27,6 +27,13 @@ void* library_symbol(const char* name);
 /// error messages: "ST_CUDA_LIB_CALL(cublasLtCreate)(&handle_)" -> "cublasLtCreate(&handle_)".
 std::string call_text(const char* written);
 
+namespace detail {
+/// Opens the library `title` ("cuBLAS") by `soname`, else at `build_path`
+/// (may be ""), as library_symbol does; throws its error, which says to
+/// install `install` or put the library's folder on LD_LIBRARY_PATH.
+void* open_cuda_library(const char* title, const char* soname, const char* build_path, const char* install);
+}  // namespace detail
+
 }  // namespace st::cuda
 
 /// The function `name` of cuBLAS, cuBLASLt or NCCL, looked up once (on first

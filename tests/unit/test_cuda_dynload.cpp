@@ -52,6 +52,20 @@ TEST(CudaDynload, MissingFunctionNamesLibraryAndFunction) {
             "library_symbol: cudnnCreate is not a cuBLAS, cuBLASLt or NCCL function");
 }
 
+TEST(CudaDynload, MissingLibrarySaysWhatToInstallAndWhereToPoint) {
+  const std::string message = test::error_of([] {
+    (void)cuda::detail::open_cuda_library("cuBLAS", "libcublas.so.99", "/nonexistent/libcublas.so",
+                                          "the CUDA Toolkit's cuBLAS libraries");
+  });
+  EXPECT_EQ(message,
+            "cannot load cuBLAS (libcublas.so.99), which GPU runs need: libcublas.so.99: cannot open shared object "
+            "file: No such file or directory; install the CUDA Toolkit's cuBLAS libraries, or put the folder that "
+            "holds libcublas.so.99 on LD_LIBRARY_PATH (the build found /nonexistent/libcublas.so); a CPU run "
+            "(train.device: cpu) needs no CUDA library");
+  EXPECT_EQ(test::error_of([] { (void)cuda::detail::open_cuda_library("NCCL", "", "", "NCCL 2"); }),
+            "NCCL is needed here, but this build of shardtrain found no NCCL when it was configured");
+}
+
 TEST(CudaDynload, CallTextDropsTheLoader) {
   EXPECT_EQ(cuda::call_text("ST_CUDA_LIB_CALL(cublasLtCreate)(&handle_)"), "cublasLtCreate(&handle_)");
   EXPECT_EQ(cuda::call_text("ST_CUDA_LIB_CALL(ncclGroupEnd)()"), "ncclGroupEnd()");
