@@ -8,7 +8,9 @@ CHECK is one of:
              `generate --help` and a 1-step CPU run of llama-tiny, each under LD_DEBUG=files: the dynamic
              loader starts the program exactly once (one "initialize program" line: no re-execution), and
              none of libcublas, libcublasLt, libnccl, libcudart, libcuda is loaded (a CUDA build opens them
-             only when a GPU run calls them; in a build without CUDA this part holds trivially).
+             only when a GPU run calls them; in a build without CUDA this part holds trivially). The run's
+             first line says "| train.device: cpu, CUDA " where a GPU run counts the visible GPUs (a CPU
+             run does not start the CUDA runtime to ask).
   spin       libgomp's own report of its settings (OMP_DISPLAY_ENV=verbose), printed when it initialises:
              with neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT set, the trainer and generate start libgomp
              once, with GOMP_SPINCOUNT = '2000'; a user's GOMP_SPINCOUNT=12345 and a user's
@@ -67,6 +69,8 @@ def check_libraries(trainer, generate, tmp):
             fail(f"{name}: the loader started a program {starts} times; expected once (no re-execution)")
         if loaded:
             fail(f"{name}: a CPU-only start loaded {loaded}")
+        if name.endswith("CPU run") and "| 1 rank(s) (local backend) | train.device: cpu, CUDA " not in out:
+            fail(f"{name}: the first line should say the run is on the CPU instead of counting GPUs")
 
 
 def spin_counts(cmd, env, code):
