@@ -78,7 +78,8 @@ def main():
            "--overwrite"]
     cases = [
         ("trainer --help", lambda: wall([trainer, "--help"], 0)),
-        ("trainer --config configs/llama-tiny.yaml --print-config", lambda: wall([trainer] + TINY + ["--print-config"], 0)),
+        ("trainer --config configs/llama-tiny.yaml --print-config",
+         lambda: wall([trainer] + TINY + ["--print-config"], 0)),
         ("trainer --config configs/llama-tiny.yaml --set train.steps=many (config error)",
          lambda: wall([trainer] + TINY + ["--set", "train.steps=many"], 1)),
         ("generate --help", lambda: wall([generate, "--help"], 0)),
