@@ -13,7 +13,7 @@ CHECK is one of:
              run does not start the CUDA runtime to ask).
   spin       libgomp's own report of its settings (OMP_DISPLAY_ENV=verbose), printed when it initialises:
              with neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT set, the trainer and generate start libgomp
-             once, with GOMP_SPINCOUNT = '2000'; a user's GOMP_SPINCOUNT=12345 and a user's
+             once, with GOMP_SPINCOUNT = '2000' (also each of 2 ranks that scripts/launch starts); a user's GOMP_SPINCOUNT=12345 and a user's
              OMP_WAIT_POLICY=passive are left alone (libgomp reports 12345, and 0 for passive); an
              environment with none of the entries the setting borrows while libgomp starts (`_`, OLDPWD,
              SHLVL, PWD: core/cpu/parallel.h) keeps libgomp's default, 300000, and still starts once.
@@ -83,6 +83,8 @@ def check_spin(trainer, generate, tmp):
     verbose = {"OMP_DISPLAY_ENV": "verbose"}
     cases = [("trainer --help", [trainer, "--help"], clean_env(**verbose), ["2000"]),
              ("generate --help", [generate, "--help"], clean_env(**verbose), ["2000"]),
+             ("scripts/launch -np 2 trainer --help", [os.path.join(ROOT, "scripts", "launch"), "-np", "2", trainer,
+                                                      "--help"], clean_env(**verbose), ["2000", "2000"]),
              ("trainer --help, GOMP_SPINCOUNT=12345", [trainer, "--help"],
               clean_env(GOMP_SPINCOUNT="12345", **verbose), ["12345"]),
              ("trainer --help, OMP_WAIT_POLICY=passive", [trainer, "--help"],
