@@ -162,8 +162,10 @@ int run(const std::vector<std::string>& argv) {
 }  // namespace
 }  // namespace st::bench
 
+// OpenMP threads spin only briefly while they wait, as in the trainer (core/cpu/parallel.h).
+ST_SHORT_OPENMP_SPIN();
+
 int main(int argc, char** argv) {
-  st::cpu::use_short_openmp_spin(argv);
   std::vector<std::string> args(argv + 1, argv + argc);
   return st::run_main("gemm_peak", [&] { return st::bench::run(args); });
 }

@@ -29,6 +29,7 @@
 #include "core/comm.h"
 #include "core/cuda/comm_kernels.h"
 #include "core/cuda/cuda_runtime.h"
+#include "core/cuda/dynload.h"
 #include "core/cuda/stream.h"
 
 namespace st {
@@ -38,9 +39,10 @@ namespace {
 /// Throws st::Error for a failed NCCL call. System and internal errors carry
 /// NCCL's own last-error text, which names the failing socket, peer or file.
 [[noreturn]] void throw_nccl_error(ncclResult_t rc, const char* call, ncclComm_t comm, const char* file, int line) {
-  std::string message = format("NCCL call failed: {}: {}", call, ncclGetErrorString(rc));
+  std::string message =
+      format("NCCL call failed: {}: {}", cuda::call_text(call), ST_CUDA_LIB_CALL(ncclGetErrorString)(rc));
   if (rc == ncclSystemError || rc == ncclInternalError) {
-    const char* last = ncclGetLastError(comm);
+    const char* last = ST_CUDA_LIB_CALL(ncclGetLastError)(comm);
     if (last != nullptr && last[0] != '\0') message += format(" ({})", last);
   }
   ::st::detail::throw_error(file, line, message);
@@ -83,10 +85,10 @@ class NcclComm {
     int previous = -1;
     bool restore = cudaGetDevice(&previous) == cudaSuccess && previous != device_;
     if (restore) (void)cudaSetDevice(device_);
-    ncclResult_t rc = failed_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+    ncclResult_t rc = failed_ ? ST_CUDA_LIB_CALL(ncclCommAbort)(comm_) : ST_CUDA_LIB_CALL(ncclCommDestroy)(comm_);
     if (rc != ncclSuccess)
       std::fprintf(stderr, "shardtrain: releasing the NCCL communicator on cuda:%d failed: %s\n", device_,
-                   ncclGetErrorString(rc));
+                   ST_CUDA_LIB_CALL(ncclGetErrorString)(rc));
     if (restore) (void)cudaSetDevice(previous);
   }
 
@@ -134,11 +136,12 @@ struct NcclState {
   /// network error); the communicator is then aborted at destruction.
   void check_async_error(const std::string& what) {
     ncclResult_t async = ncclSuccess;
-    NCCL_CHECK_COMM(comm.get(), ncclCommGetAsyncError(comm.get(), &async));
+    NCCL_CHECK_COMM(comm.get(), ST_CUDA_LIB_CALL(ncclCommGetAsyncError)(comm.get(), &async));
     if (async == ncclSuccess || async == ncclInProgress) return;
     comm.mark_failed();
-    const char* last = ncclGetLastError(comm.get());
-    ST_FAIL("{} failed: NCCL reported an asynchronous error on cuda:{}: {}{}", what, device, ncclGetErrorString(async),
+    const char* last = ST_CUDA_LIB_CALL(ncclGetLastError)(comm.get());
+    ST_FAIL("{} failed: NCCL reported an asynchronous error on cuda:{}: {}{}", what, device,
+            ST_CUDA_LIB_CALL(ncclGetErrorString)(async),
             last != nullptr && last[0] != '\0' ? format(" ({})", last) : std::string());
   }
 
@@ -231,15 +234,15 @@ uint32_t* u32_ptr(const Tensor& t) { return static_cast<uint32_t*>(t.raw_data())
 /// ncclGroupStart .. ncclGroupEnd; a throw in between still ends the group.
 class NcclGroupCall {
  public:
-  explicit NcclGroupCall(ncclComm_t comm) : comm_(comm) { NCCL_CHECK_COMM(comm_, ncclGroupStart()); }
+  explicit NcclGroupCall(ncclComm_t comm) : comm_(comm) { NCCL_CHECK_COMM(comm_, ST_CUDA_LIB_CALL(ncclGroupStart)()); }
   NcclGroupCall(const NcclGroupCall&) = delete;
   NcclGroupCall& operator=(const NcclGroupCall&) = delete;
   ~NcclGroupCall() {
-    if (open_) (void)ncclGroupEnd();
+    if (open_) (void)ST_CUDA_LIB_CALL(ncclGroupEnd)();
   }
   void end() {
     open_ = false;
-    NCCL_CHECK_COMM(comm_, ncclGroupEnd());
+    NCCL_CHECK_COMM(comm_, ST_CUDA_LIB_CALL(ncclGroupEnd)());
   }
 
  private:
@@ -264,8 +267,8 @@ class NcclGroup final : public ProcessGroup {
       : bootstrap_(std::move(bootstrap)),
         state_(std::make_shared<NcclState>(device, std::move(stream), std::move(comm))),
         ready_() {
-    NCCL_CHECK_COMM(state_->comm.get(), ncclCommUserRank(state_->comm.get(), &rank_));
-    NCCL_CHECK_COMM(state_->comm.get(), ncclCommCount(state_->comm.get(), &size_));
+    NCCL_CHECK_COMM(state_->comm.get(), ST_CUDA_LIB_CALL(ncclCommUserRank)(state_->comm.get(), &rank_));
+    NCCL_CHECK_COMM(state_->comm.get(), ST_CUDA_LIB_CALL(ncclCommCount)(state_->comm.get(), &size_));
     ST_CHECK(rank_ == bootstrap_->rank() && size_ == bootstrap_->size(),
              "NCCL communicator is rank {} of {} but its bootstrap group is rank {} of {}", rank_, size_,
              bootstrap_->rank(), bootstrap_->size());
@@ -289,8 +292,8 @@ class NcclGroup final : public ProcessGroup {
     return issue(describe("all_gather", in), {out, in, send}, Completion::OrderComputeStream,
                  [&](ncclComm_t comm, cudaStream_t stream) {
                    if (n == 0) return;
-                   NCCL_CHECK_COMM(
-                       comm, ncclAllGather(send.raw_data(), out.raw_data(), n, nccl_type(in.dtype()), comm, stream));
+                   NCCL_CHECK_COMM(comm, ST_CUDA_LIB_CALL(ncclAllGather)(send.raw_data(), out.raw_data(), n,
+                                                                         nccl_type(in.dtype()), comm, stream));
                  });
   }
 
@@ -308,21 +311,23 @@ class NcclGroup final : public ProcessGroup {
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      if (n == 0) return;
                      cuda::bf16_to_f32(bf16_ptr(in), f32_ptr(in32), in.numel(), stream);
-                     NCCL_CHECK_COMM(comm, ncclReduceScatter(in32.raw_data(), out32.raw_data(), static_cast<size_t>(n),
-                                                             ncclFloat32, ncclSum, comm, stream));
+                     NCCL_CHECK_COMM(comm, ST_CUDA_LIB_CALL(ncclReduceScatter)(in32.raw_data(), out32.raw_data(),
+                                                                               static_cast<size_t>(n), ncclFloat32,
+                                                                               ncclSum, comm, stream));
                      cuda::f32_to_bf16_divided(f32_ptr(out32), bf16_ptr(out), n, divisor, stream);
                    });
     }
     Tensor send = in;
     const char* slot = static_cast<const char*>(in.raw_data()) + static_cast<size_t>(rank_) * out.nbytes();
     if (out.raw_data() != slot && memory_overlaps(in, out)) send = in.clone();
-    return issue(std::move(what), {out, in, send}, Completion::OrderComputeStream,
-                 [&](ncclComm_t comm, cudaStream_t stream) {
-                   if (n == 0) return;
-                   NCCL_CHECK_COMM(comm, ncclReduceScatter(send.raw_data(), out.raw_data(), static_cast<size_t>(n),
-                                                           nccl_type(out.dtype()), ncclSum, comm, stream));
-                   if (opts.op == ReduceOp::Avg) cuda::f32_divide(f32_ptr(out), n, divisor, stream);
-                 });
+    return issue(
+        std::move(what), {out, in, send}, Completion::OrderComputeStream, [&](ncclComm_t comm, cudaStream_t stream) {
+          if (n == 0) return;
+          NCCL_CHECK_COMM(comm,
+                          ST_CUDA_LIB_CALL(ncclReduceScatter)(send.raw_data(), out.raw_data(), static_cast<size_t>(n),
+                                                              nccl_type(out.dtype()), ncclSum, comm, stream));
+          if (opts.op == ReduceOp::Avg) cuda::f32_divide(f32_ptr(out), n, divisor, stream);
+        });
   }
 
   Work all_reduce(const Tensor& t, const AllReduceOptions& opts) override {
@@ -335,45 +340,46 @@ class NcclGroup final : public ProcessGroup {
     if (opts.op == ReduceOp::Max && t.dtype() != DType::I32) {
       Tensor keys = Tensor::empty({n}, DType::I32, gpu);  // uint32 keys, stored in an I32 buffer
       const bool bf16 = t.dtype() == DType::BF16;
-      return issue(
-          std::move(what), {t, keys}, Completion::OrderComputeStream, [&](ncclComm_t comm, cudaStream_t stream) {
-            if (n == 0) return;
-            if (bf16) {
-              cuda::bf16_to_max_keys(bf16_ptr(t), u32_ptr(keys), n, stream);
-            } else {
-              cuda::f32_to_max_keys(f32_ptr(t), u32_ptr(keys), n, stream);
-            }
-            NCCL_CHECK_COMM(comm,
-                            ncclAllReduce(keys.raw_data(), keys.raw_data(), count, ncclUint32, ncclMax, comm, stream));
-            if (bf16) {
-              cuda::max_keys_to_bf16(u32_ptr(keys), bf16_ptr(t), n, stream);
-            } else {
-              cuda::max_keys_to_f32(u32_ptr(keys), f32_ptr(t), n, stream);
-            }
-          });
+      return issue(std::move(what), {t, keys}, Completion::OrderComputeStream,
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     if (n == 0) return;
+                     if (bf16) {
+                       cuda::bf16_to_max_keys(bf16_ptr(t), u32_ptr(keys), n, stream);
+                     } else {
+                       cuda::f32_to_max_keys(f32_ptr(t), u32_ptr(keys), n, stream);
+                     }
+                     NCCL_CHECK_COMM(comm, ST_CUDA_LIB_CALL(ncclAllReduce)(keys.raw_data(), keys.raw_data(), count,
+                                                                           ncclUint32, ncclMax, comm, stream));
+                     if (bf16) {
+                       cuda::max_keys_to_bf16(u32_ptr(keys), bf16_ptr(t), n, stream);
+                     } else {
+                       cuda::max_keys_to_f32(u32_ptr(keys), f32_ptr(t), n, stream);
+                     }
+                   });
     }
     if (opts.op == ReduceOp::Max) {  // I32: NCCL's max is exact
       return issue(std::move(what), {t}, Completion::OrderComputeStream, [&](ncclComm_t comm, cudaStream_t stream) {
         if (n == 0) return;
-        NCCL_CHECK_COMM(comm, ncclAllReduce(t.raw_data(), t.raw_data(), count, ncclInt32, ncclMax, comm, stream));
+        NCCL_CHECK_COMM(
+            comm, ST_CUDA_LIB_CALL(ncclAllReduce)(t.raw_data(), t.raw_data(), count, ncclInt32, ncclMax, comm, stream));
       });
     }
     const float divisor = divisor_for(opts.op);
     if (t.dtype() == DType::BF16) {
       Tensor t32 = Tensor::empty({n}, DType::F32, gpu);
-      return issue(
-          std::move(what), {t, t32}, Completion::OrderComputeStream, [&](ncclComm_t comm, cudaStream_t stream) {
-            if (n == 0) return;
-            cuda::bf16_to_f32(bf16_ptr(t), f32_ptr(t32), n, stream);
-            NCCL_CHECK_COMM(comm,
-                            ncclAllReduce(t32.raw_data(), t32.raw_data(), count, ncclFloat32, ncclSum, comm, stream));
-            cuda::f32_to_bf16_divided(f32_ptr(t32), bf16_ptr(t), n, divisor, stream);
-          });
+      return issue(std::move(what), {t, t32}, Completion::OrderComputeStream,
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     if (n == 0) return;
+                     cuda::bf16_to_f32(bf16_ptr(t), f32_ptr(t32), n, stream);
+                     NCCL_CHECK_COMM(comm, ST_CUDA_LIB_CALL(ncclAllReduce)(t32.raw_data(), t32.raw_data(), count,
+                                                                           ncclFloat32, ncclSum, comm, stream));
+                     cuda::f32_to_bf16_divided(f32_ptr(t32), bf16_ptr(t), n, divisor, stream);
+                   });
     }
     return issue(std::move(what), {t}, Completion::OrderComputeStream, [&](ncclComm_t comm, cudaStream_t stream) {
       if (n == 0) return;
-      NCCL_CHECK_COMM(comm,
-                      ncclAllReduce(t.raw_data(), t.raw_data(), count, nccl_type(t.dtype()), ncclSum, comm, stream));
+      NCCL_CHECK_COMM(comm, ST_CUDA_LIB_CALL(ncclAllReduce)(t.raw_data(), t.raw_data(), count, nccl_type(t.dtype()),
+                                                            ncclSum, comm, stream));
       if (opts.op == ReduceOp::Avg) cuda::f32_divide(f32_ptr(t), n, divisor, stream);
     });
   }
@@ -385,8 +391,9 @@ class NcclGroup final : public ProcessGroup {
     return issue(describe(format("broadcast(root {})", opts.root), t), {t}, Completion::OrderComputeStream,
                  [&](ncclComm_t comm, cudaStream_t stream) {
                    if (n == 0) return;
-                   NCCL_CHECK_COMM(comm, ncclBroadcast(t.raw_data(), t.raw_data(), n, nccl_type(t.dtype()), opts.root,
-                                                       comm, stream));
+                   NCCL_CHECK_COMM(comm,
+                                   ST_CUDA_LIB_CALL(ncclBroadcast)(t.raw_data(), t.raw_data(), n, nccl_type(t.dtype()),
+                                                                   opts.root, comm, stream));
                  });
   }
 
@@ -399,32 +406,36 @@ class NcclGroup final : public ProcessGroup {
     Tensor send = memory_overlaps(in, out) ? in.clone() : in;
     const size_t width = dtype_size(in.dtype());
     const ncclDataType_t type = nccl_type(in.dtype());
-    return issue(describe("all_to_allv", in), {out, in, send}, Completion::OrderComputeStream,
-                 [&](ncclComm_t comm, cudaStream_t stream) {
-                   NcclGroupCall group(comm);
-                   const char* src = static_cast<const char*>(send.raw_data());
-                   char* dst = static_cast<char*>(out.raw_data());
-                   size_t send_offset = 0;
-                   size_t recv_offset = 0;
-                   for (int peer = 0; peer < size_; ++peer) {
-                     auto s = static_cast<size_t>(send_counts[static_cast<size_t>(peer)]);
-                     auto r = static_cast<size_t>(recv_counts[static_cast<size_t>(peer)]);
-                     // A zero count on one side is a zero count on the other
-                     // (the caller's contract), so both skip the pair.
-                     if (s > 0) NCCL_CHECK_COMM(comm, ncclSend(src + send_offset * width, s, type, peer, comm, stream));
-                     if (r > 0) NCCL_CHECK_COMM(comm, ncclRecv(dst + recv_offset * width, r, type, peer, comm, stream));
-                     send_offset += s;
-                     recv_offset += r;
-                   }
-                   group.end();
-                 });
+    return issue(
+        describe("all_to_allv", in), {out, in, send}, Completion::OrderComputeStream,
+        [&](ncclComm_t comm, cudaStream_t stream) {
+          NcclGroupCall group(comm);
+          const char* src = static_cast<const char*>(send.raw_data());
+          char* dst = static_cast<char*>(out.raw_data());
+          size_t send_offset = 0;
+          size_t recv_offset = 0;
+          for (int peer = 0; peer < size_; ++peer) {
+            auto s = static_cast<size_t>(send_counts[static_cast<size_t>(peer)]);
+            auto r = static_cast<size_t>(recv_counts[static_cast<size_t>(peer)]);
+            // A zero count on one side is a zero count on the other
+            // (the caller's contract), so both skip the pair.
+            if (s > 0)
+              NCCL_CHECK_COMM(comm, ST_CUDA_LIB_CALL(ncclSend)(src + send_offset * width, s, type, peer, comm, stream));
+            if (r > 0)
+              NCCL_CHECK_COMM(comm, ST_CUDA_LIB_CALL(ncclRecv)(dst + recv_offset * width, r, type, peer, comm, stream));
+            send_offset += s;
+            recv_offset += r;
+          }
+          group.end();
+        });
   }
 
   Work barrier(const BarrierOptions&) override {
     return issue(format("barrier on rank {} of {} (cuda:{})", rank_, size_, state_->device), {barrier_buf_},
                  Completion::BlockHost, [&](ncclComm_t comm, cudaStream_t stream) {
-                   NCCL_CHECK_COMM(comm, ncclAllReduce(barrier_buf_.raw_data(), barrier_buf_.raw_data(), 1, ncclInt32,
-                                                       ncclSum, comm, stream));
+                   NCCL_CHECK_COMM(comm,
+                                   ST_CUDA_LIB_CALL(ncclAllReduce)(barrier_buf_.raw_data(), barrier_buf_.raw_data(), 1,
+                                                                   ncclInt32, ncclSum, comm, stream));
                  });
   }
 
@@ -436,7 +447,8 @@ class NcclGroup final : public ProcessGroup {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
     ncclComm_t sub = nullptr;
     NCCL_CHECK_COMM(state_->comm.get(),
-                    ncclCommSplit(state_->comm.get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr));
+                    ST_CUDA_LIB_CALL(ncclCommSplit)(state_->comm.get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                                                    &sub, nullptr));
     if (color < 0) return nullptr;
     ST_CHECK(sub != nullptr && sub_bootstrap != nullptr,
              "split(color {}, key {}) on rank {} of {}: NCCL or the bootstrap group returned no sub-group", color, key,
@@ -456,7 +468,7 @@ class NcclGroup final : public ProcessGroup {
     cuda::DeviceGuard guard(device);
     ncclUniqueId id;
     std::memset(&id, 0, sizeof(id));
-    if (bootstrap->rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    if (bootstrap->rank() == 0) NCCL_CHECK(ST_CUDA_LIB_CALL(ncclGetUniqueId)(&id));
     // The id's bytes travel as I32 words: every backend can broadcast those.
     constexpr int64_t kWords = (sizeof(ncclUniqueId) + 3) / 4;
     Tensor words = Tensor::zeros({kWords}, DType::I32);
@@ -465,7 +477,7 @@ class NcclGroup final : public ProcessGroup {
     std::memcpy(&id, words.raw_data(), sizeof(id));
     cuda::Stream stream(high_priority());
     ncclComm_t comm = nullptr;
-    NCCL_CHECK(ncclCommInitRank(&comm, bootstrap->size(), id, bootstrap->rank()));
+    NCCL_CHECK(ST_CUDA_LIB_CALL(ncclCommInitRank)(&comm, bootstrap->size(), id, bootstrap->rank()));
     NcclComm owned(comm, device);
     return std::make_unique<NcclGroup>(std::move(bootstrap), std::move(owned), device, std::move(stream));
   }

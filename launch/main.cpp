@@ -25,12 +25,18 @@
 namespace {
 
 // The run's first line: the config, its overrides, the world and the GPUs.
-void log_start(const st::launch::TrainerArgs& args, st::ProcessGroup& world, st::Logger& log) {
+// A CPU run does not ask for GPUs: that would start the CUDA runtime and load
+// the driver, which a CPU run never needs.
+void log_start(const st::launch::TrainerArgs& args, const st::Config& config, st::ProcessGroup& world,
+               st::Logger& log) {
   std::string overrides;
   for (const std::string& o : args.overrides) overrides += (overrides.empty() ? "" : ", ") + o;
-  log.info0("shardtrain: config {}{} | {} rank(s) ({} backend) | {} GPU(s) visible, CUDA {}", args.config_path,
+  const std::string gpus = config.train.device == st::DeviceKind::Cpu
+                               ? std::string("train.device: cpu")
+                               : st::format("{} GPU(s) visible", st::cuda::device_count());
+  log.info0("shardtrain: config {}{} | {} rank(s) ({} backend) | {}, CUDA {}", args.config_path,
             overrides.empty() ? std::string(" (no overrides)") : " with " + overrides, world.size(),
-            world.backend_name(), st::cuda::device_count(), st::cuda::compiled_with_cuda() ? "built in" : "not built");
+            world.backend_name(), gpus, st::cuda::compiled_with_cuda() ? "built in" : "not built");
 }
 
 // Prints `text` on stdout from rank 0 of the job only: mpirun gives every
@@ -71,7 +77,7 @@ int run(const std::vector<std::string>& argv) {
   st::Logger log(world.rank(), world.size(),
                  st::parse_log_level(args.log_level.empty() ? config.logging.level : args.log_level));
   const st::WorldInfo& info = comm.info();
-  log_start(args, world, log);
+  log_start(args, config, world, log);
   log.debug("local rank {}/{}", info.local_rank, info.local_size);
   // No collective waits forever: a frozen or dead rank aborts the job after comm.timeout_s.
   std::optional<st::Watchdog> watchdog;
@@ -101,8 +107,10 @@ int run(const std::vector<std::string>& argv) {
 
 }  // namespace
 
+// OpenMP threads spin only briefly while they wait (core/cpu/parallel.h).
+ST_SHORT_OPENMP_SPIN();
+
 int main(int argc, char** argv) {
-  st::cpu::use_short_openmp_spin(argv);
   const std::vector<std::string> args(argv + 1, argv + argc);
   // A bad config fails on every rank alike: rank 0 reports it (see agreed_errors_of_job).
   return st::run_main(

@@ -498,7 +498,9 @@ int run(const std::vector<std::string>& argv) {
 
 }  // namespace
 
+// OpenMP threads spin only briefly while they wait (core/cpu/parallel.h).
+ST_SHORT_OPENMP_SPIN();
+
 int main(int argc, char** argv) {
-  st::cpu::use_short_openmp_spin(argv);
   return st::run_main("generate", [&] { return run(std::vector<std::string>(argv + 1, argv + argc)); });
 }

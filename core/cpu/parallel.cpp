@@ -1,6 +1,7 @@
 #include "core/cpu/parallel.h"
 
 #include <cstdlib>
+#include <string_view>
 
 #include <omp.h>
 #include <sched.h>
@@ -39,12 +40,61 @@ int auto_cpu_threads(int local_ranks) {
   return std::max(1, mine / local_ranks);
 }
 
-void use_short_openmp_spin(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
+namespace {
+
+constexpr char kSpinSetting[] = "GOMP_SPINCOUNT=2000";
+// Entries whose absence for the few microseconds of library start-up nobody notices.
+constexpr std::string_view kLendable[] = {"_=", "OLDPWD=", "SHLVL=", "PWD="};
+
+// What short_openmp_spin_preinit lent, until short_openmp_spin_restore returns
+// it. Written once before main() runs, by the loader's single thread.
+char* lent_entry = nullptr;
+
+bool sets(char** env, std::string_view prefix) {
+  for (char** e = env; *e != nullptr; ++e)
+    if (std::string_view(*e).starts_with(prefix)) return true;
+  return false;
+}
+
+}  // namespace
+
+namespace detail {
+
+bool lend_spin_slot(char** env) {
+  if (env == nullptr || sets(env, "OMP_WAIT_POLICY=") || sets(env, "GOMP_SPINCOUNT=")) return false;
+  for (std::string_view name : kLendable) {
+    for (char** e = env; *e != nullptr; ++e) {
+      if (!std::string_view(*e).starts_with(name)) continue;
+      lent_entry = *e;
+      *e = const_cast<char*>(kSpinSetting);  // read only, by getenv, until it is returned
+      return true;
+    }
+  }
+  return false;
+}
+
+void return_spin_slot(char** env) {
+  if (lent_entry == nullptr || env == nullptr) return;
+  for (char** e = env; *e != nullptr; ++e) {
+    if (*e == kSpinSetting) {
+      *e = lent_entry;
+      break;
+    }
+  }
+  lent_entry = nullptr;
+}
+
+}  // namespace detail
+
+void short_openmp_spin_preinit(int /*argc*/, char** /*argv*/, char** envp) { (void)detail::lend_spin_slot(envp); }
+
+void short_openmp_spin_restore() {
+  if (lent_entry == nullptr) return;
+  detail::return_spin_slot(environ);
   // A short spin catches the next parallel loop of a busy step without a
-  // futex wake-up, and gives a shared core back within microseconds.
+  // futex wake-up, and gives a shared core back within microseconds; kept in
+  // the environment so that what main() and child processes see matches.
   setenv("GOMP_SPINCOUNT", "2000", 1);
-  execv("/proc/self/exe", argv);
 }
 
 namespace detail {

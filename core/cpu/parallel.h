@@ -36,11 +36,46 @@ std::string gemm_backend();
 /// sleeping at once (OMP_WAIT_POLICY=passive) costs a futex wake-up per
 /// parallel loop, ~600 loops per m8 step (m8 BF16 at 2 threads: 8,500 tok/s
 /// against 9,800 with a short spin). So when neither OMP_WAIT_POLICY nor
-/// GOMP_SPINCOUNT is set, this sets GOMP_SPINCOUNT=2000 (a few microseconds)
-/// and re-executes the program (libgomp reads its environment only when it
-/// loads). Call first thing in main(); returns when nothing had to be done or
-/// the re-exec failed.
-void use_short_openmp_spin(char** argv);
+/// GOMP_SPINCOUNT is set, a program sets GOMP_SPINCOUNT=2000 (a few
+/// microseconds) with ST_SHORT_OPENMP_SPIN(), before libgomp reads it.
+///
+/// libgomp reads its environment once, in its initialiser, which runs right
+/// after libc's. Only the executable's .preinit_array runs earlier, and there
+/// setenv does not work: libc has not started (environ is still null) and its
+/// initialiser then points environ back at the array the kernel passed. So
+/// short_openmp_spin_preinit lends one entry of that array, in place, to
+/// "GOMP_SPINCOUNT=2000": the first present of `_`, `OLDPWD`, `SHLVL`, `PWD`
+/// (a shell's bookkeeping, which no library reads while it initialises).
+/// short_openmp_spin_restore, a constructor of the executable (these run after
+/// every shared library's initialiser, before main), puts the entry back and setenv's
+/// GOMP_SPINCOUNT=2000, so main() sees the environment it was given plus that
+/// setting. With none of those four set (`env -i`), libgomp keeps its default.
+void short_openmp_spin_preinit(int argc, char** argv, char** envp);
+void short_openmp_spin_restore();
+
+namespace detail {
+/// The two halves above on a given environment array (for tests): lends a
+/// slot of `env` unless it sets OMP_WAIT_POLICY or GOMP_SPINCOUNT; returns
+/// whether it did. return_spin_slot puts the lent entry back wherever `env`
+/// holds the setting (it may be a copy that setenv made meanwhile).
+bool lend_spin_slot(char** env);
+void return_spin_slot(char** env);
+}  // namespace detail
+
+}  // namespace st::cpu
+
+/// Sets GOMP_SPINCOUNT=2000 before libgomp starts (above), without
+/// re-executing the program. Write it once at namespace scope in the file
+/// that holds main(): .preinit_array entries count only in the executable's
+/// own objects (a shared library may not have them, and an object of a
+/// static library is linked only when something else pulls it in).
+#define ST_SHORT_OPENMP_SPIN()                                                                                         \
+  [[gnu::section(".preinit_array"), gnu::used]] static void (*const st_short_openmp_spin_lend_)(int, char**, char**) = \
+      &::st::cpu::short_openmp_spin_preinit;                                                                           \
+  [[gnu::constructor]] static void st_short_openmp_spin_return_() { ::st::cpu::short_openmp_spin_restore(); }          \
+  static_assert(true)
+
+namespace st::cpu {
 
 namespace detail {
 void run_blocks(int64_t blocks, void* ctx, void (*body)(void* ctx, int64_t block));

@@ -47,12 +47,12 @@ class CublasHandle {
  public:
   explicit CublasHandle(int device) {
     DeviceGuard guard(device);
-    CUBLAS_CHECK(cublasCreate(&handle_));
-    CUBLAS_CHECK(cublasSetStream(handle_, compute_stream(device)));
+    CUBLAS_CHECK(ST_CUDA_LIB_CALL(cublasCreate)(&handle_));
+    CUBLAS_CHECK(ST_CUDA_LIB_CALL(cublasSetStream)(handle_, compute_stream(device)));
   }
   ~CublasHandle() {
     // Cannot throw here; a failure only means the context is already gone.
-    if (handle_ != nullptr) (void)cublasDestroy(handle_);
+    if (handle_ != nullptr) (void)ST_CUDA_LIB_CALL(cublasDestroy)(handle_);
   }
   CublasHandle(const CublasHandle&) = delete;
   CublasHandle& operator=(const CublasHandle&) = delete;
@@ -84,12 +84,19 @@ struct Mat {
   int64_t stride;  // elements between batch entries
 };
 
+// cublas_api.h overloads cublasGemmStridedBatchedEx in C++ (computeType as
+// cudaDataType); the library exports the C function, which takes cublasComputeType_t.
+using GemmStridedBatchedEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                                const void*, const void*, cudaDataType, int, long long, const void*,
+                                                cudaDataType, int, long long, const void*, void*, cudaDataType, int,
+                                                long long, int, cublasComputeType_t, cublasGemmAlgo_t);
+
 // C = alpha * op(A) op(B) + beta * C for each of `batch` entries, all F32
 // with F32 accumulation; m, n, k and the operations in cuBLAS's column-major terms.
 void gemm_f32(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
               const Mat& a, const Mat& b, float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
   const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+  CUBLAS_CHECK(ST_CUDA_LIB_CALL_AS(cublasGemmStridedBatchedEx, GemmStridedBatchedEx)(
       handle, op_a, op_b, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a.ptr, CUDA_R_32F,
       static_cast<int>(a.ld), a.stride, b.ptr, CUDA_R_32F, static_cast<int>(b.ld), b.stride, &beta, c, CUDA_R_32F,
       static_cast<int>(ldc), stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

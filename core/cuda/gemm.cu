@@ -61,10 +61,10 @@ uint32_t alignment_of(const void* p) {
 
 class LtHandle {
  public:
-  LtHandle() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+  LtHandle() { CUBLAS_CHECK(ST_CUDA_LIB_CALL(cublasLtCreate)(&handle_)); }
   ~LtHandle() {
     // At process exit the library may already be shutting down; nothing useful to report.
-    if (handle_ != nullptr) (void)cublasLtDestroy(handle_);
+    if (handle_ != nullptr) (void)ST_CUDA_LIB_CALL(cublasLtDestroy)(handle_);
   }
   LtHandle(const LtHandle&) = delete;
   LtHandle& operator=(const LtHandle&) = delete;
@@ -77,14 +77,16 @@ class LtHandle {
 class MatmulDesc {
  public:
   MatmulDesc(Transpose first, Transpose second) {
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(ST_CUDA_LIB_CALL(cublasLtMatmulDescCreate)(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_first = first == Transpose::Yes ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_second = second == Transpose::Yes ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+    CUBLAS_CHECK(ST_CUDA_LIB_CALL(cublasLtMatmulDescSetAttribute)(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                                                  sizeof(op_first)));
+    CUBLAS_CHECK(ST_CUDA_LIB_CALL(cublasLtMatmulDescSetAttribute)(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                                                  sizeof(op_second)));
   }
   ~MatmulDesc() {
-    if (desc_ != nullptr) (void)cublasLtMatmulDescDestroy(desc_);
+    if (desc_ != nullptr) (void)ST_CUDA_LIB_CALL(cublasLtMatmulDescDestroy)(desc_);
   }
   MatmulDesc(const MatmulDesc&) = delete;
   MatmulDesc& operator=(const MatmulDesc&) = delete;
@@ -98,11 +100,11 @@ class MatmulDesc {
 class MatrixLayout {
  public:
   MatrixLayout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
-    CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&layout_, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+    CUBLAS_CHECK(ST_CUDA_LIB_CALL(cublasLtMatrixLayoutCreate)(&layout_, type, static_cast<uint64_t>(rows),
+                                                              static_cast<uint64_t>(cols), ld));
   }
   ~MatrixLayout() {
-    if (layout_ != nullptr) (void)cublasLtMatrixLayoutDestroy(layout_);
+    if (layout_ != nullptr) (void)ST_CUDA_LIB_CALL(cublasLtMatrixLayoutDestroy)(layout_);
   }
   MatrixLayout(const MatrixLayout&) = delete;
   MatrixLayout& operator=(const MatrixLayout&) = delete;
@@ -114,9 +116,9 @@ class MatrixLayout {
 
 class Preference {
  public:
-  Preference() { CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_)); }
+  Preference() { CUBLAS_CHECK(ST_CUDA_LIB_CALL(cublasLtMatmulPreferenceCreate)(&pref_)); }
   ~Preference() {
-    if (pref_ != nullptr) (void)cublasLtMatmulPreferenceDestroy(pref_);
+    if (pref_ != nullptr) (void)ST_CUDA_LIB_CALL(cublasLtMatmulPreferenceDestroy)(pref_);
   }
   Preference(const Preference&) = delete;
   Preference& operator=(const Preference&) = delete;
@@ -124,7 +126,7 @@ class Preference {
 
   template <class T>
   void set(cublasLtMatmulPreferenceAttributes_t attribute, T value) {
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_, attribute, &value, sizeof(value)));
+    CUBLAS_CHECK(ST_CUDA_LIB_CALL(cublasLtMatmulPreferenceSetAttribute)(pref_, attribute, &value, sizeof(value)));
   }
 
  private:
@@ -190,9 +192,9 @@ class GemmContext {
     const Plan& plan = plan_for(key);
     // Every GEMM on this GPU runs on its one compute stream, so the shared
     // workspace is never used by two at once.
-    CUBLAS_CHECK(cublasLtMatmul(handle_.get(), plan.desc.get(), &alpha, b, plan.first.get(), a, plan.second.get(),
-                                &beta, c, plan.out.get(), c, plan.out.get(), &plan.algo, workspace_.raw_data(),
-                                kWorkspaceBytes, stream));
+    CUBLAS_CHECK(ST_CUDA_LIB_CALL(cublasLtMatmul)(handle_.get(), plan.desc.get(), &alpha, b, plan.first.get(), a,
+                                                  plan.second.get(), &beta, c, plan.out.get(), c, plan.out.get(),
+                                                  &plan.algo, workspace_.raw_data(), kWorkspaceBytes, stream));
   }
 
  private:
@@ -217,9 +219,9 @@ class GemmContext {
     // cuBLASLt answers "no algorithm" either with found == 0 or with
     // CUBLAS_STATUS_NOT_SUPPORTED; both reach the check below, whose message
     // names the problem (CUBLAS_CHECK would only name the status).
-    const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(handle_.get(), plan->desc.get(), plan->first.get(), plan->second.get(),
-                                       plan->out.get(), plan->out.get(), pref.get(), 1, &result, &found);
+    const cublasStatus_t status = ST_CUDA_LIB_CALL(cublasLtMatmulAlgoGetHeuristic)(
+        handle_.get(), plan->desc.get(), plan->first.get(), plan->second.get(), plan->out.get(), plan->out.get(),
+        pref.get(), 1, &result, &found);
     if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
       found = 0;
     } else {

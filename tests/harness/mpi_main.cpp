@@ -64,12 +64,13 @@ CommRuntime& runtime() {
 
 }  // namespace st::test
 
+// As the trainer does: OpenMP threads spin only briefly while they wait, and
+// each rank takes its share of the host's cores. CTest starts up to 4 ranks on a
+// 2-core machine; with libgomp's spin and 2 threads per rank, test_fsdp at
+// 4 ranks took minutes instead of seconds.
+ST_SHORT_OPENMP_SPIN();
+
 int main(int argc, char** argv) {
-  // As the trainer does: OpenMP threads spin only briefly while they wait, and
-  // each rank takes its share of the host's cores. CTest starts up to 4 ranks on a
-  // 2-core machine; with libgomp's spin and 2 threads per rank, test_fsdp at
-  // 4 ranks took minutes instead of seconds.
-  st::cpu::use_short_openmp_spin(argv);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = -1;
   try {
