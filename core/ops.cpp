@@ -93,7 +93,7 @@ void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, const Te
   }
   // The profile counts 2*m*n*k FLOPs per product (a multiply and an add).
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  profile::op(profile::Activity::Gemm, flops, [&] { cpu::gemm(a, ta, b, tb, c, m, n, k, alpha, beta); });
+  profile::op(profile::Activity::Gemm, "gemm", flops, [&] { cpu::gemm(a, ta, b, tb, c, m, n, k, alpha, beta); });
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -110,7 +110,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
     cuda::add(a, b, out);
     return;
   }
-  profile::op(profile::Activity::Ops, 0, [&] { cpu::add(a, b, out); });
+  profile::op(profile::Activity::Ops, "add", 0, [&] { cpu::add(a, b, out); });
 }
 
 void scale(const Tensor& x, float s) {
@@ -119,7 +119,7 @@ void scale(const Tensor& x, float s) {
     cuda::scale(x, s);
     return;
   }
-  profile::op(profile::Activity::Ops, 0, [&] { cpu::scale(x, s); });
+  profile::op(profile::Activity::Ops, "scale", 0, [&] { cpu::scale(x, s); });
 }
 
 void axpy(float alpha, const Tensor& x, const Tensor& y) {
@@ -132,7 +132,7 @@ void axpy(float alpha, const Tensor& x, const Tensor& y) {
     cuda::axpy(alpha, x, y);
     return;
   }
-  profile::op(profile::Activity::Ops, 0, [&] { cpu::axpy(alpha, x, y); });
+  profile::op(profile::Activity::Ops, "axpy", 0, [&] { cpu::axpy(alpha, x, y); });
 }
 
 void cast(const Tensor& src, const Tensor& dst) {
@@ -152,7 +152,7 @@ void cast(const Tensor& src, const Tensor& dst) {
     cuda::cast(src, dst);
     return;
   }
-  profile::op(profile::Activity::Ops, 0, [&] { cpu::cast(src, dst); });
+  profile::op(profile::Activity::Ops, "cast", 0, [&] { cpu::cast(src, dst); });
 }
 
 Tensor cast(const Tensor& src, DType dtype) {
@@ -166,7 +166,7 @@ double sum_of_squares(const Tensor& x) {
   check_float("sum_of_squares", "x", x);
   if (x.device().is_cuda()) return cuda::sum_of_squares(x);
   double result{};
-  profile::op(profile::Activity::Ops, 0, [&] { result = cpu::sum_of_squares(x); });
+  profile::op(profile::Activity::Ops, "sum of squares", 0, [&] { result = cpu::sum_of_squares(x); });
   return result;
 }
 
@@ -181,7 +181,7 @@ void fill(const Tensor& x, double value) {
     cuda::fill(x, value);
     return;
   }
-  profile::op(profile::Activity::Ops, 0, [&] { cpu::fill(x, value); });
+  profile::op(profile::Activity::Ops, "fill", 0, [&] { cpu::fill(x, value); });
 }
 
 }  // namespace st::ops

@@ -118,7 +118,7 @@ void embedding_forward(const Tensor& tokens, const Tensor& weight, const Tensor&
   check_no_overlap(op, a_out, a_w);
   check_no_overlap(op, a_out, a_tok);
   if (check_devices(op, {a_tok, a_w, a_out}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::embedding_forward(tokens, weight, out); });
+    profile::op(profile::Activity::Ops, "embedding forward", 0, [&] { cpu::embedding_forward(tokens, weight, out); });
   } else {
     st::cuda::embedding_forward(tokens, weight, out);
   }
@@ -139,7 +139,8 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& 
   check_no_overlap(op, a_dw, a_dout);
   check_no_overlap(op, a_dw, a_tok);
   if (check_devices(op, {a_tok, a_dout, a_dw}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::embedding_backward(tokens, dout, dweight); });
+    profile::op(profile::Activity::Ops, "embedding backward", 0,
+                [&] { cpu::embedding_backward(tokens, dout, dweight); });
   } else {
     st::cuda::embedding_backward(tokens, dout, dweight);
   }
@@ -178,7 +179,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Ten
   check_no_overlap(op, a_rstd, a_w);
   check_no_overlap(op, a_rstd, a_out);
   if (check_devices(op, {a_x, a_w, a_out, a_rstd}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::rmsnorm_forward(x, weight, eps, out, rstd); });
+    profile::op(profile::Activity::Ops, "rmsnorm forward", 0, [&] { cpu::rmsnorm_forward(x, weight, eps, out, rstd); });
   } else {
     st::cuda::rmsnorm_forward(x, weight, eps, out, rstd);
   }
@@ -202,7 +203,8 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
   check_no_overlap(op, a_dx, a_rstd);
   for (const Arg& in : {a_dout, a_x, a_w, a_rstd, a_dx}) check_no_overlap(op, a_dw, in);
   if (check_devices(op, {a_dout, a_x, a_w, a_rstd, a_dx, a_dw}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::rmsnorm_backward(dout, x, weight, rstd, dx, dweight); });
+    profile::op(profile::Activity::Ops, "rmsnorm backward", 0,
+                [&] { cpu::rmsnorm_backward(dout, x, weight, rstd, dx, dweight); });
   } else {
     st::cuda::rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
   }
@@ -224,7 +226,8 @@ void rope_tables(int64_t seq_len, int64_t head_dim, double theta, const Tensor& 
            shape_str(cos.shape()), shape_str(sin.shape()), shape_str(expected));
   check_no_overlap(op, a_cos, a_sin);
   if (check_devices(op, {a_cos, a_sin}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::rope_tables(seq_len, head_dim, theta, cos, sin); });
+    profile::op(profile::Activity::Ops, "rope tables", 0,
+                [&] { cpu::rope_tables(seq_len, head_dim, theta, cos, sin); });
   } else {
     st::cuda::rope_tables(seq_len, head_dim, theta, cos, sin);
   }
@@ -255,7 +258,7 @@ Device check_rope(const char* op, const Arg& x, const Arg& cos, const Arg& sin) 
 
 void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   if (check_rope("rope_forward", {"x", x}, {"cos", cos}, {"sin", sin}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::rope_forward(x, cos, sin); });
+    profile::op(profile::Activity::Ops, "rope forward", 0, [&] { cpu::rope_forward(x, cos, sin); });
   } else {
     st::cuda::rope_forward(x, cos, sin);
   }
@@ -263,7 +266,7 @@ void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 
 void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin) {
   if (check_rope("rope_backward", {"dx", dx}, {"cos", cos}, {"sin", sin}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::rope_backward(dx, cos, sin); });
+    profile::op(profile::Activity::Ops, "rope backward", 0, [&] { cpu::rope_backward(dx, cos, sin); });
   } else {
     st::cuda::rope_backward(dx, cos, sin);
   }
@@ -316,7 +319,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   }
   check_no_overlap(op, a_lse, a_out);
   if (check_devices(op, {a_q, a_k, a_v, a_out, a_lse}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::attention_forward(q, k, v, out, lse); });
+    profile::op(profile::Activity::Ops, "attention forward", 0, [&] { cpu::attention_forward(q, k, v, out, lse); });
   } else {
     st::cuda::attention_forward(q, k, v, out, lse);
   }
@@ -341,7 +344,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   check_no_overlap(op, a_dq, a_dv);
   check_no_overlap(op, a_dk, a_dv);
   if (check_devices(op, {a_dout, a_q, a_k, a_v, a_out, a_lse, a_dq, a_dk, a_dv}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv); });
+    profile::op(profile::Activity::Ops, "attention backward", 0,
+                [&] { cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv); });
   } else {
     st::cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
   }
@@ -358,7 +362,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
   check_alias_ok(op, a_out, a_gate);
   check_alias_ok(op, a_out, a_up);
   if (check_devices(op, {a_gate, a_up, a_out}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::swiglu_forward(gate, up, out); });
+    profile::op(profile::Activity::Ops, "swiglu forward", 0, [&] { cpu::swiglu_forward(gate, up, out); });
   } else {
     st::cuda::swiglu_forward(gate, up, out);
   }
@@ -375,7 +379,8 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, c
   }
   check_no_overlap(op, a_dgate, a_dup);
   if (check_devices(op, {a_dout, a_gate, a_up, a_dgate, a_dup}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::swiglu_backward(dout, gate, up, dgate, dup); });
+    profile::op(profile::Activity::Ops, "swiglu backward", 0,
+                [&] { cpu::swiglu_backward(dout, gate, up, dgate, dup); });
   } else {
     st::cuda::swiglu_backward(dout, gate, up, dgate, dup);
   }
@@ -389,7 +394,7 @@ void relu_forward(const Tensor& x, const Tensor& out) {
   check_same_numel(op, a_out, a_x);
   check_alias_ok(op, a_out, a_x);
   if (check_devices(op, {a_x, a_out}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::relu_forward(x, out); });
+    profile::op(profile::Activity::Ops, "relu forward", 0, [&] { cpu::relu_forward(x, out); });
   } else {
     st::cuda::relu_forward(x, out);
   }
@@ -404,7 +409,7 @@ void relu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx) {
   check_alias_ok(op, a_dx, a_dout);
   check_alias_ok(op, a_dx, a_x);
   if (check_devices(op, {a_dout, a_x, a_dx}).is_cpu()) {
-    profile::op(profile::Activity::Ops, 0, [&] { cpu::relu_backward(dout, x, dx); });
+    profile::op(profile::Activity::Ops, "relu backward", 0, [&] { cpu::relu_backward(dout, x, dx); });
   } else {
     st::cuda::relu_backward(dout, x, dx);
   }
@@ -432,7 +437,7 @@ LossSum cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignor
   check_no_overlap(op, a_dl, a_tgt);
   if (check_devices(op, {a_logits, a_tgt, a_dl}).is_cpu()) {
     LossSum result{};
-    profile::op(profile::Activity::Ops, 0,
+    profile::op(profile::Activity::Ops, "cross-entropy loss", 0,
                 [&] { result = cpu::cross_entropy(logits, targets, ignore_index, grad_scale, dlogits); });
     return result;
   }
@@ -450,7 +455,7 @@ LossSum mse(const Tensor& pred, const Tensor& target, float grad_scale, const Te
   check_alias_ok(op, a_dp, a_tgt);
   if (check_devices(op, {a_pred, a_tgt, a_dp}).is_cpu()) {
     LossSum result{};
-    profile::op(profile::Activity::Ops, 0, [&] { result = cpu::mse(pred, target, grad_scale, dpred); });
+    profile::op(profile::Activity::Ops, "mse loss", 0, [&] { result = cpu::mse(pred, target, grad_scale, dpred); });
     return result;
   }
   return st::cuda::mse(pred, target, grad_scale, dpred);

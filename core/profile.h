@@ -10,6 +10,8 @@
 //             backend), waiting for all-gathers, for reduce-scatters and
 //             all-reduces, for other collectives, MPI progress driven at op
 //             boundaries, and the rest (framework code between ops)
+//   op:       each named op (profile::op's name: "attention backward",
+//             "cast", "gemm", ...), and the time outside every op
 // Scopes nest: an op inside an op, or a recompute inside backward, takes its
 // time out of the enclosing one.
 //
@@ -23,7 +25,9 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/device.h"
@@ -43,10 +47,20 @@ constexpr size_t kActivities = static_cast<size_t>(Activity::Count);
 const char* phase_name(Phase p);
 const char* activity_name(Activity a);
 
+/// One named op's exclusive time in a step: its nested ops' and collective
+/// waits' time is left out, so the named ops of a step never add up to more
+/// than the step.
+struct OpTime {
+  const char* name = "";  // the name given to profile::op (a string literal)
+  double seconds = 0;
+  double calls = 0;  // a mean in mean_profile, so not an integer there
+};
+
 /// One step's figures: seconds per phase and per activity (each array sums to
-/// `seconds`), GEMM FLOPs (2*m*n*k per ops::gemm), the op count and the
-/// payload bytes this rank sent in collectives over groups that span hosts
-/// (ProcessGroup::cross_host_bytes; the caller adds them).
+/// `seconds`), GEMM FLOPs (2*m*n*k per ops::gemm), the op count, the payload
+/// bytes this rank sent in collectives over groups that span hosts
+/// (ProcessGroup::cross_host_bytes; the caller adds them) and the named ops
+/// that ran, in the order the profiler first met them.
 struct StepProfile {
   int64_t step = 0;  // 1-based
   double seconds = 0;
@@ -55,6 +69,7 @@ struct StepProfile {
   double gemm_flops = 0;
   int64_t ops = 0;
   double cross_host_bytes = 0;
+  std::vector<OpTime> op_times;
 };
 
 /// An exclusive-time stack: the innermost open scope is charged until it
@@ -92,6 +107,10 @@ class Profiler {
   void phase_leave() { phases_.leave(Clock::now()); }
   void activity_enter(Activity a) { activities_.enter(static_cast<size_t>(a), Clock::now()); }
   void activity_leave() { activities_.leave(Clock::now()); }
+  /// Opens and closes a named op (profile::op) or a collective wait, which
+  /// belongs to no op (`name` nullptr). `name` must outlive the profiler.
+  void op_enter(const char* name);
+  void op_leave() { op_stack_.leave(Clock::now()); }
   /// Moves up to `seconds` of this step's time from phase `from` to `to`
   /// (a recomputation measured by its forward twin, core/profile.h's caller).
   void move_phase_time(Phase from, Phase to, double seconds);
@@ -117,6 +136,13 @@ class Profiler {
   TimeStack phases_;
   TimeStack activities_;
   std::vector<StepProfile> steps_;
+  // The named ops: slot 0 is "in no op"; names beyond the last slot share it.
+  static constexpr size_t kOpSlots = 64;
+  TimeStack op_stack_;
+  std::array<double, kOpSlots> op_seconds_{};
+  std::array<int64_t, kOpSlots> op_calls_{};
+  std::array<const char*, kOpSlots> op_names_{};
+  size_t op_slots_used_ = 1;
 };
 
 /// A function that advances outstanding collectives without blocking.
@@ -130,7 +156,7 @@ struct ThreadHooks {
   ProgressFn progress = nullptr;
 };
 inline thread_local ThreadHooks t_hooks;
-void op_slow(Activity kind, double flops, void (*body)(void*), void* ctx);
+void op_slow(Activity kind, const char* name, double flops, void (*body)(void*), void* ctx);
 }  // namespace detail
 
 /// The calling thread's profiler, or nullptr.
@@ -140,12 +166,13 @@ inline Profiler* current() { return detail::t_hooks.profiler; }
 void set_progress_hook(ProgressFn fn);
 
 /// Runs one op's backend call: timed as `kind` (with `flops` for a GEMM) and
-/// preceded by the progress hook when either is installed on this thread.
+/// under `name` (a string literal: the summary's top-ops rows), and preceded
+/// by the progress hook when either is installed on this thread.
 template <class F>
-inline void op(Activity kind, double flops, F&& body) {
+inline void op(Activity kind, const char* name, double flops, F&& body) {
   if (detail::t_hooks.active) [[unlikely]] {
     detail::op_slow(
-        kind, flops, [](void* f) { (*static_cast<F*>(f))(); }, &body);
+        kind, name, flops, [](void* f) { (*static_cast<std::remove_reference_t<F>*>(f))(); }, &body);
     return;
   }
   body();
@@ -173,7 +200,9 @@ class WaitScope {
  public:
   explicit WaitScope(WaitKind kind);
   ~WaitScope() {
-    if (profiler_) profiler_->activity_leave();
+    if (!profiler_) return;
+    profiler_->op_leave();
+    profiler_->activity_leave();
   }
   WaitScope(const WaitScope&) = delete;
   WaitScope& operator=(const WaitScope&) = delete;
@@ -182,10 +211,19 @@ class WaitScope {
   Profiler* profiler_;
 };
 
+/// The best of `samples` short measurements of a rate, in `work` units per
+/// second: `time_reps(reps)` does `work` `reps` times and returns the seconds
+/// that took. The first sample (one rep) sizes the others to about
+/// `seconds / samples` each. A busy moment can only slow a sample, so the
+/// fastest one is the least disturbed; a time <= 0 (a clock too coarse) is
+/// skipped. 0 when no sample had a time.
+double best_rate(double work, int samples, double seconds, const std::function<double(int64_t reps)>& time_reps);
+
 /// Large-GEMM throughput of this thread pool in `dtype` on `device`, FLOP/s:
-/// n x n x n products through ops::gemm, repeated for about `seconds` after
-/// one warm-up. Not profiled (call it before installing a profiler).
-double measure_gemm_peak(DType dtype, Device device, int64_t n = 1024, double seconds = 0.3);
+/// n x n x n products through ops::gemm after one warm-up, the best of
+/// `samples` runs within about `seconds` (best_rate). Not profiled: the
+/// calling thread's profiler is set aside while it runs.
+double measure_gemm_peak(DType dtype, Device device, int64_t n = 1024, double seconds = 0.3, int samples = 5);
 
 /// Per-step figures after the first (which includes warm-up): the mean of each
 /// field over those steps; all steps when there is only one. Means, not
@@ -195,17 +233,28 @@ StepProfile mean_profile(const std::vector<StepProfile>& steps);
 
 /// What a report needs besides the measurements.
 struct ReportContext {
-  double gemm_peak = 0;         // FLOP/s, 0 when not measured
+  double gemm_peak = 0;         // FLOP/s compared against: the higher of the two below; 0 when not measured
+  double start_peak = 0;        // FLOP/s measured at start-up
+  double end_peak = 0;          // FLOP/s re-measured at the end of the run; 0 until then
   std::string peak_note;        // "1024^3 F32 through ops::gemm"
   double model_flops_step = 0;  // model FLOPs of this rank's tokens in one step
   int rank = 0;
   bool across_hosts = false;  // the job spans hosts: report cross_host_bytes
 };
 
+/// The `n` longest ops, longest first (equal times in name order).
+std::vector<OpTime> top_ops(std::vector<OpTime> ops, size_t n);
+
 /// One line per logged step: "profile step 3: 1.234 s | phase ... | activity ... | GEMM ... GFLOP/s",
-/// ending "| across hosts 97,328 B" when ctx.across_hosts.
+/// ending "| across hosts 97,328 B" when ctx.across_hosts. A share of the
+/// peak is never above 100%: a rate above it prints 100%, marked as clamped
+/// and why (the peak is re-measured at the end of the run).
 std::string format_step(const StepProfile& s, const ReportContext& ctx);
-/// The end-of-run table (several lines, no trailing newline).
+/// The top-ops rows of the summary for a (mean) step: the `n` longest named
+/// ops with ms per step, % of the step and calls, then the rest and the total.
+std::string format_op_table(const StepProfile& mean, size_t n);
+/// The end-of-run table (several lines, no trailing newline), with the top 8
+/// ops; shares of the peak as in format_step.
 std::string format_summary(const std::vector<StepProfile>& steps, const ReportContext& ctx);
 
 }  // namespace st::profile

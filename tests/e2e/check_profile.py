@@ -10,7 +10,10 @@ Values only, never timings. CHECK is one of:
                percentages sum to 100 +- TABLE_SLACK per column, and GEMM FLOPs per step
                equal to 6 x matmul parameters x this rank's tokens within FLOP_BOUND
                (relative), which is also the printed ratio to the model's FLOPs
-               (6 x matmul parameters + the attention term, per token)
+               (6 x matmul parameters + the attention term, per token); the top-ops rows
+               name known ops, their shares (the listed rows plus "N more ops") add up to
+               the "all named ops" row +- TABLE_SLACK, which is at most 100% of the step,
+               and its calls equal the op count of the GEMM line
   recompute    the same in BF16 with every decoder layer recomputed: the GEMM FLOPs
                grow by 2 x the decoder layers' matmul parameters per token (their
                forward runs again), a recompute row is non-zero, and the model FLOPs
@@ -42,6 +45,15 @@ STEPS = 8
 
 PHASES = ["forward", "backward", "recompute", "grad sync", "optimizer", "data", "checkpoint", "eval", "other"]
 ACTIVITIES = ["GEMM", "other ops", "wait all-gather", "wait reduce", "wait other comm", "MPI progress", "rest"]
+# Rows of the summary's top-ops table (core/profile.cpp's kTopOps).
+TOP_OPS = 8
+# The names core/ops.cpp, core/ops_nn.cpp and the trainer give to profile::op.
+OP_NAMES = {
+    "gemm", "add", "scale", "axpy", "cast", "sum of squares", "fill", "embedding forward", "embedding backward",
+    "rmsnorm forward", "rmsnorm backward", "rope tables", "rope forward", "rope backward", "attention forward",
+    "attention backward", "swiglu forward", "swiglu backward", "relu forward", "relu backward",
+    "cross-entropy loss", "mse loss", "optimizer update",
+}
 
 
 def run(trainer, np, sets, env=None, metrics=None):
@@ -73,9 +85,55 @@ def percents(segment):
     return [float(x) for x in re.findall(r" ([0-9.]+)%", segment)]
 
 
+def check_top_ops(out):
+    """The summary's top-ops rows: known names, shares that add up, calls that match the op count."""
+    head = re.search(r"  top ops \(of (\d+)\) +ms +% +calls\n", out)
+    if not head:
+        fail("summary lacks the 'top ops' table")
+    named = int(head.group(1))
+    rows = []
+    for line in out[head.end():].splitlines():
+        m = re.search(r"INFO      (\S.*?) +([0-9.]+) +([0-9.]+)% +(\d+)$", line)
+        if not m:
+            break
+        rows.append((m.group(1), float(m.group(2)), float(m.group(3)), int(m.group(4))))
+    if not rows or rows[-1][0] != "all named ops":
+        fail(f"top-ops table does not end with 'all named ops': {rows}")
+    *listed, total = rows
+    more = [r for r in listed if re.fullmatch(r"\d+ more ops", r[0])]
+    ops = [r for r in listed if r not in more]
+    if len(ops) != min(named, TOP_OPS) or len(more) != (1 if named > TOP_OPS else 0):
+        fail(f"top-ops table of {named} ops lists {len(ops)} ops and {len(more)} 'more' rows")
+    unknown = [r[0] for r in ops if r[0] not in OP_NAMES]
+    if unknown or len({r[0] for r in ops}) != len(ops):
+        fail(f"top-ops rows name unknown or repeated ops: {[r[0] for r in ops]}")
+    if [r[1] for r in ops] != sorted((r[1] for r in ops), reverse=True):
+        fail("top-ops rows are not longest first")
+    shares = sum(r[2] for r in listed)
+    print(f"top ops: {', '.join(r[0] for r in ops)}; rows sum to {shares:.1f}%, "
+          f"all {named} named ops {total[2]:.1f}% of the step in {total[3]} calls")
+    if abs(shares - total[2]) > TABLE_SLACK:
+        fail(f"top-ops rows sum to {shares:.1f}%, but 'all named ops' says {total[2]:.1f}%")
+    if total[2] > 100.0:
+        fail(f"named ops take {total[2]:.1f}% of the step, more than all of it")
+    count = re.search(r"FLOP per step in (\d+) ops \(all ops\)", out)
+    if not count or int(count.group(1)) != total[3]:
+        fail(f"'all named ops' has {total[3]} calls, the GEMM line {count and count.group(1)} ops")
+
+
 def check_output(out, sets, np, recompute):
-    if not re.search(r"profile: GEMM peak [0-9.]+ GFLOP/s per rank \(1024\^3 (F32|BF16) through ops::gemm", out):
+    if not re.search(r"profile: GEMM peak [0-9.]+ GFLOP/s per rank \(1024\^3 (F32|BF16) through ops::gemm, best of 5",
+                     out):
         fail("no 'profile: GEMM peak' line")
+    if not re.search(r"profile: GEMM peak re-measured at the end of the run: [0-9.]+ GFLOP/s per rank "
+                     r"\(start-up [0-9.]+\)", out):
+        fail("no 'GEMM peak re-measured at the end' line")
+    # No share of the peak above 100%, and a clamped one says why.
+    shares = [float(x) for x in re.findall(r"([0-9.]+)% of (?:peak|the measured peak|the GEMM peak)", out)]
+    if not shares or max(shares) > 100:
+        fail(f"shares of the peak {shares}: none, or one above 100%")
+    if re.search(r"clamped(?!: (above the|the GEMMs ran above))", out):
+        fail("a share of the peak is clamped without saying why")
     lines = re.findall(r"profile step (\d+): ([0-9.]+) s \|([^|]*)\|([^|]*)\|", out)
     if [int(s) for s, *_ in lines] != list(range(1, STEPS + 1)):
         fail(f"expected one profile line per step 1..{STEPS}, got steps {[s for s, *_ in lines]}")
@@ -103,6 +161,8 @@ def check_output(out, sets, np, recompute):
         fail("recomputation is on but the recompute row is 0")
     if not recompute and table["recompute"][0] != 0:
         fail("no recomputation, but the recompute row is not 0")
+
+    check_top_ops(out)
 
     layer_mm, head_mm, attention, seq = model_counts(sets)
     tokens = 12 * seq // np  # global batch 12 over np ranks
