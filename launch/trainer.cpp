@@ -231,11 +231,9 @@ class RunProfile {
     const profile::StepProfile& s = profiler_->step_end();
     if (print) log_.info0("{}", profile::format_step(s, ctx_));
   }
-  // Whether the end of the run re-measures the CPU's peak (every rank alike:
-  // it depends on the config only).
-  bool remeasures_peak() const { return profiler_ && ctx_.start_peak > 0; }
   // The peak measured again at the end: the report compares against the higher.
   void set_end_peak(double peak) {
+    if (!profiler_) return;
     ctx_.end_peak = peak;
     ctx_.gemm_peak = std::max(ctx_.start_peak, peak);
     log_.info0(
@@ -875,10 +873,10 @@ void Trainer::set_rates(metrics::StepMetrics& m, double seconds) const {
 
 TrainResult Trainer::finish() {
   checkpointer_->wait();
-  if (run_profile_->remeasures_peak()) {
+  if (config_.logging.profile && device_.is_cpu()) {
     // Again at the end, so that a start-up measurement slowed by a busy
-    // moment cannot leave the report above 100% (every rank: the decision is
-    // the config's, and no step is running).
+    // moment cannot leave the report above 100%. Every rank takes this
+    // branch (it depends on the config only), and no step is running.
     const double end_peak = cpu_gemm_peak(kProfilePeakN, kProfilePeakSeconds);
     run_profile_->set_end_peak(end_peak);
     device_peak_ = std::max(device_peak_, end_peak);
