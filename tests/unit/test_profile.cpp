@@ -181,12 +181,22 @@ TEST(ProfilePeakReport, SummaryNamesTheReMeasuredPeak) {
       << text;
   ctx.end_peak = 80e9;
   ctx.gemm_peak = 80e9;
+  ctx.model_flops_step = 250e9;  // over the mean step's 2 s: 125 GFLOP/s, above the peak too
   const std::string clamped = format_summary(steps, ctx);
   EXPECT_NE(clamped.find("100.0 GFLOP/s = 100.0% of the measured peak 80.0 GFLOP/s (1024^3 F32 through ops::gemm; "
                          "the higher of start-up 60.0 and end of run 80.0 GFLOP/s; clamped: the GEMMs ran above "
                          "both measurements)"),
             std::string::npos)
       << clamped;
+  EXPECT_NE(clamped.find("  model: 2.5000e+11 FLOP per step on this rank, 125.0 GFLOP/s = 100.0% of the GEMM peak "
+                         "(clamped: above the peak measured at start-up and at the end); GEMM FLOPs / model FLOPs = "
+                         "0.4000"),
+            std::string::npos)
+      << clamped;
+  // A step line printed after the end-of-run measurement (none is, today) says so too.
+  EXPECT_EQ(format_step(gemm_step(100e9, 1.0), ctx),
+            "profile step 3: 2.000 s | fwd 100.0% | rest 50.0% gemm 50.0% | GEMM 100.0 GFLOP/s (100% of peak, "
+            "clamped: above the peak measured at start-up and at the end), model 125.0 GFLOP/s");
 }
 
 }  // namespace
