@@ -116,20 +116,20 @@ std::string memory_line(const Config& config, const MemoryPlan& plan, int64_t av
   return line + (available < 0 ? "" : format(", {} available", human_bytes(available)));
 }
 
-void check_memory_fits(const Config& config, const MemoryPlan& plan, ProcessGroup& world, int local_ranks) {
+void check_memory_fits(const Config& config, const MemoryPlan& plan, ProcessGroup& world, int64_t available) {
   // Test hook: tests/e2e/check_faults.py's memory check lets a step run out
   // of memory for real, to see the error it ends with. Runs never set it.
   if (std::getenv("ST_TEST_SKIP_MEMORY_CHECK") != nullptr) return;
   // Every rank takes the least room of any rank, so all decide alike.
-  const int64_t mine = available_bytes(local_ranks);
-  Tensor least =
-      Tensor::full({1}, mine < 0 ? -std::numeric_limits<float>::max() : -static_cast<double>(mine), DType::F32);
+  Tensor least = Tensor::full({1}, available < 0 ? -std::numeric_limits<float>::max() : -static_cast<double>(available),
+                              DType::F32);
   world.all_reduce(least, {ReduceOp::Max}).wait();
-  const double available = -static_cast<double>(least.data<float>()[0]);
+  const double least_available = -static_cast<double>(least.data<float>()[0]);
   const int64_t mb = config.train.micro_batch_size;
-  if (available >= std::numeric_limits<float>::max() / 2 || static_cast<double>(plan.step_bytes(mb)) <= available)
+  if (least_available >= std::numeric_limits<float>::max() / 2 ||
+      static_cast<double>(plan.step_bytes(mb)) <= least_available)
     return;
-  const auto room = static_cast<int64_t>(available);
+  const auto room = static_cast<int64_t>(least_available);
   std::string fix = "no micro-batch fits: lower train.seq_len or use more ranks (FULL_SHARD spreads the state)";
   for (int64_t m : micro_batch_choices(config, world.size())) {
     if (plan.step_bytes(m) > room) continue;

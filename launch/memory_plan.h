@@ -41,9 +41,10 @@ int64_t available_bytes(int local_ranks);
 std::string memory_line(const Config& config, const MemoryPlan& plan, int64_t available);
 
 /// Refuses (AgreedError, the same text on every rank) a micro-batch whose step
-/// estimate exceeds the least memory any rank has, naming the largest
-/// train.micro_batch_size that fits and whether recomputation would.
-void check_memory_fits(const Config& config, const MemoryPlan& plan, ProcessGroup& world, int local_ranks);
+/// estimate exceeds the least memory any rank has (`available`: this rank's
+/// available_bytes), naming the largest train.micro_batch_size that fits and
+/// whether recomputation would.
+void check_memory_fits(const Config& config, const MemoryPlan& plan, ProcessGroup& world, int64_t available);
 
 /// What to lower after an allocation failure in `phase` of step `step`.
 std::string out_of_memory_advice(const Config& config, const MemoryPlan& plan, const std::string& phase, int64_t step);

@@ -59,9 +59,10 @@ extern "C" void on_stop_signal(int sig) {
 // scripts/launch turns the SIGTERM, SIGINT, SIGHUP or SIGUSR1 it gets into
 // SIGUSR1, the one signal mpirun passes on at once, and first writes the
 // name of the one it got ("SIGTERM") to $ST_LAUNCH_SIGNAL_FILE, which
-// scripts/launch-rank sets on the launcher's host. A stop so relayed counts as kRelayed + the original's
-// number: above any signal a rank got directly in the ranks' Max agreement,
-// so one rank that can read the file names the signal for all of them.
+// scripts/launch-rank sets on the launcher's host. A stop so relayed counts
+// as kRelayed + the original's number: above any signal a rank got directly
+// in the ranks' Max agreement, so one rank that can read the file names the
+// signal for all of them.
 constexpr int kRelayed = 64;
 
 // The CPU's GEMM peak: the best of this many short runs; with --profile of
@@ -473,8 +474,9 @@ void Trainer::setup() {
 void Trainer::setup_memory() {
   fsdp::MemoryReport report = sharded_->memory_report();
   memory_plan_ = plan_memory(config_, report, recomputed_);
-  log_.info0("memory: {}", memory_line(config_, *memory_plan_, available_bytes(local_size_)));
-  check_memory_fits(config_, *memory_plan_, world_, local_size_);
+  const int64_t available = available_bytes(local_size_);
+  log_.info0("memory: {}", memory_line(config_, *memory_plan_, available));
+  check_memory_fits(config_, *memory_plan_, world_, available);
 }
 
 // Checks the batch and checkpoint settings, takes checkpoint.dir, then picks

@@ -1,8 +1,9 @@
 #pragma once
 // cuBLAS, cuBLASLt and NCCL are loaded when first called, not linked. A CUDA
 // build runs on CPU-only machines too, and linking them made every start of
-// every program map ~600 MB of libraries (1.8-2.4 s for `trainer --help` on a
-// 2-core machine) that a CPU run never calls. The CUDA runtime is linked
+// every program map ~600 MB of libraries that a CPU run never calls
+// (`trainer --help`: 0.17 s warm, 0.81 s from a cold page cache, against
+// 0.006 s and 0.056 s without them; bench/RESULTS.md, "Start-up"). The CUDA runtime is linked
 // statically (it opens the driver, libcuda, at its first call), so a run that
 // never touches a GPU loads no CUDA library at all.
 //
