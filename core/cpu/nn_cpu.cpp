@@ -29,6 +29,7 @@
 
 #include <Eigen/Core>
 
+#include "core/cpu/attention_bf16.h"
 #include "core/cpu/parallel.h"
 #include "core/cpu/vec.h"
 
@@ -496,6 +497,10 @@ void attention_forward_tile(const Tensor& q, const Tensor& k, const Tensor& v, c
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+  if (bf16_attention(q, k, v)) {
+    attention_forward_bf16(q, k, v, out, lse);
+    return;
+  }
   const AttentionDims d = attention_dims(q, k);
   float* pl = lse.data<float>();  // (B, H, T)
   parallel_for(d.batch * d.heads * d.tiles, 1, [&](int64_t begin, int64_t end) {
@@ -576,6 +581,10 @@ void attention_backward_tile(const AttentionGrads& a, int64_t b, int64_t h, int6
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  if (bf16_attention(q, k, v, &dout)) {
+    attention_backward_bf16(dout, q, k, v, out, lse, dq, dk, dv);
+    return;
+  }
   const AttentionDims d = attention_dims(q, k);
   const AttentionGrads a{dout, q, k, v, out, lse, dq};
   parallel_for(d.batch * d.kv_heads, 1, [&](int64_t begin, int64_t end) {
