@@ -49,8 +49,8 @@ bool bf16_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
 namespace {
 
 constexpr int64_t kTile = 64;  // query and key positions per tile
-constexpr int kRows = 4;       // rows of c per micro-tile
-constexpr int kMaxVecs = 4;    // 16-float columns per micro-tile
+constexpr int kMaxRows = 8;    // rows of c per micro-tile: 8 x 3 or 6 x 4 accumulators
+constexpr int kMaxVecs = 4;    // 16-float columns per micro-tile (32 vector registers in all)
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -88,7 +88,7 @@ template <int MR, int NV>
 ST_BF16_TARGET void micro_tile(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, int64_t pairs, float* c,
                                int64_t ldc, bool accumulate) {
   __m512 acc[MR][NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + v * 16) : _mm512_setzero_ps();
@@ -97,7 +97,7 @@ ST_BF16_TARGET void micro_tile(const uint16_t* a, int64_t lda, const uint16_t* b
     __m512bh bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + p * ldb + v * 32);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       int32_t pair;
       std::memcpy(&pair, a + r * lda + 2 * p, sizeof(pair));
@@ -106,7 +106,7 @@ ST_BF16_TARGET void micro_tile(const uint16_t* a, int64_t lda, const uint16_t* b
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + v * 16, acc[r][v]);
@@ -120,8 +120,9 @@ constexpr std::array<MicroTile, kMaxVecs> micro_row() {
   return {&micro_tile<MR, 1>, &micro_tile<MR, 2>, &micro_tile<MR, 3>, &micro_tile<MR, 4>};
 }
 
-constexpr std::array<std::array<MicroTile, kMaxVecs>, kRows> kMicroTiles = {micro_row<1>(), micro_row<2>(),
-                                                                            micro_row<3>(), micro_row<4>()};
+constexpr std::array<std::array<MicroTile, kMaxVecs>, kMaxRows> kMicroTiles = {
+    micro_row<1>(), micro_row<2>(), micro_row<3>(), micro_row<4>(),
+    micro_row<5>(), micro_row<6>(), micro_row<7>(), micro_row<8>()};
 
 // A BF16 matrix in the micro-kernel's layouts: rows of `a` (`ld` elements
 // apart), or pairs of `b` (`ld` elements per pair of rows).
@@ -135,8 +136,9 @@ struct Bf16View {
 void dot(Bf16View a, int64_t m, Bf16View b, int64_t np, int64_t pairs, float* c, int64_t ldc, bool accumulate) {
   for (int64_t n0 = 0; n0 < np; n0 += 16 * kMaxVecs) {
     const auto vecs = static_cast<int>(std::min<int64_t>(kMaxVecs, (np - n0) / 16));
-    for (int64_t r0 = 0; r0 < m; r0 += kRows) {
-      const auto rows = static_cast<int>(std::min<int64_t>(kRows, m - r0));
+    const int64_t max_rows = vecs == kMaxVecs ? 6 : kMaxRows;
+    for (int64_t r0 = 0; r0 < m; r0 += max_rows) {
+      const auto rows = static_cast<int>(std::min<int64_t>(max_rows, m - r0));
       kMicroTiles[static_cast<size_t>(rows - 1)][static_cast<size_t>(vecs - 1)](
           a.data + r0 * a.ld, a.ld, b.data + 2 * n0, b.ld, pairs, c + r0 * ldc + n0, ldc, accumulate);
     }
@@ -176,18 +178,24 @@ Dims dims_of(const Tensor& q, const Tensor& k) {
 // odd column are zero. x is BF16 (its bits are copied) or F32 (rounded).
 void pack_rows(const Tensor& x, int64_t b, int64_t head, int64_t t0, int64_t n, int64_t rows, const Dims& d,
                uint16_t* dst) {
-  const int64_t seq = x.size(1);
-  const int64_t heads = x.size(2);
+  const int64_t stride = x.size(2) * d.hd;                                 // between positions
+  const int64_t first = ((b * x.size(1) + t0) * x.size(2) + head) * d.hd;  // element of position t0
   std::fill_n(dst, rows * d.hde, uint16_t{0});
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t src = ((b * seq + t0 + t) * heads + head) * d.hd;
-    uint16_t* row = dst + t * d.hde;
-    if (x.dtype() == DType::BF16) {
-      std::memcpy(row, x.data<BFloat16>() + src, static_cast<size_t>(d.hd) * sizeof(uint16_t));
-    } else {
-      const float* xs = x.data<float>() + src;
+  if (x.dtype() == DType::BF16) {
+    const BFloat16* xs = x.data<BFloat16>() + first;
+    for (int64_t t = 0; t < n; ++t) {
+      uint16_t* row = dst + t * d.hde;
+      const BFloat16* xr = xs + t * stride;
 #pragma omp simd
-      for (int64_t i = 0; i < d.hd; ++i) row[i] = vec::narrow(xs[i]);
+      for (int64_t i = 0; i < d.hd; ++i) row[i] = xr[i].bits;
+    }
+  } else {
+    const float* xs = x.data<float>() + first;
+    for (int64_t t = 0; t < n; ++t) {
+      uint16_t* row = dst + t * d.hde;
+      const float* xr = xs + t * stride;
+#pragma omp simd
+      for (int64_t i = 0; i < d.hd; ++i) row[i] = vec::narrow(xr[i]);
     }
   }
 }
@@ -227,15 +235,17 @@ void pairs_down(const uint16_t* src, int64_t rows, int64_t width, uint16_t* dst,
 // of x, rounded once when x is BF16.
 void store_rows(const float* src, int64_t lds, const Tensor& x, int64_t b, int64_t head, int64_t t0, int64_t n,
                 const Dims& d) {
-  const int64_t seq = x.size(1);
-  const int64_t heads = x.size(2);
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t dst = ((b * seq + t0 + t) * heads + head) * d.hd;
-    const float* row = src + t * lds;
-    if (x.dtype() == DType::F32) {
-      std::memcpy(x.data<float>() + dst, row, static_cast<size_t>(d.hd) * sizeof(float));
-    } else {
-      BFloat16* out = x.data<BFloat16>() + dst;
+  const int64_t stride = x.size(2) * d.hd;
+  const int64_t first = ((b * x.size(1) + t0) * x.size(2) + head) * d.hd;
+  if (x.dtype() == DType::F32) {
+    float* xs = x.data<float>() + first;
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(xs + t * stride, src + t * lds, static_cast<size_t>(d.hd) * sizeof(float));
+  } else {
+    BFloat16* xs = x.data<BFloat16>() + first;
+    for (int64_t t = 0; t < n; ++t) {
+      BFloat16* out = xs + t * stride;
+      const float* row = src + t * lds;
 #pragma omp simd
       for (int64_t i = 0; i < d.hd; ++i) out[i].bits = vec::narrow(row[i]);
     }
@@ -280,6 +290,21 @@ namespace {
 
 Bf16View down_at(const PackedHead& p, int64_t k0, const Dims& d) { return {p.down + k0 * d.hdp, 2 * d.hdp}; }
 
+// max of x[0, n), n > 0, in lanes that vectorise (a max is exact in any order).
+float lane_max(const float* x, int64_t n) {
+  float lanes[vec::kLanes];
+  std::fill_n(lanes, vec::kLanes, -std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + vec::kLanes <= n; j += vec::kLanes) {
+#pragma omp simd
+    for (int l = 0; l < vec::kLanes; ++l) lanes[l] = x[j + l] > lanes[l] ? x[j + l] : lanes[l];
+  }
+  float m = -std::numeric_limits<float>::infinity();
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  for (const float lane : lanes) m = std::max(m, lane);
+  return m;
+}
+
 // Online softmax of one query tile: running max m, sum l (F32) and the
 // unnormalised output acc (qn, hdp).
 struct OnlineRows {
@@ -296,17 +321,15 @@ void online_softmax_tile(float* s, int64_t lds, int64_t p0, int64_t qn, int64_t 
   for (int64_t t = 0; t < qn; ++t) {
     float* row = s + t * lds;
     const int64_t visible = visible_keys(p0 + t, k0, kn);
-    float tile_max = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < visible; ++j) {
-      row[j] *= d.scale;
-      tile_max = std::max(tile_max, row[j]);
-    }
+    // scale > 0, so the max of the scaled scores is the scaled max (exactly:
+    // rounding is monotonic).
+    const float tile_max = visible > 0 ? lane_max(row, visible) * d.scale : -std::numeric_limits<float>::infinity();
     const float m_new = std::max(rows.m[t], tile_max);
     const float alpha = vec::exp_f32(rows.m[t] - m_new);  // 0 on the first tile (m = -inf)
     uint16_t* p_row = p + t * kne;
 #pragma omp simd
     for (int64_t j = 0; j < kne; ++j) {
-      const float e = j < visible ? vec::exp_f32(row[j] - m_new) : 0.0f;
+      const float e = j < visible ? vec::exp_f32(row[j] * d.scale - m_new) : 0.0f;
       row[j] = e;
       p_row[j] = vec::narrow(e);
     }
@@ -371,25 +394,48 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, c
 namespace {
 
 // What the backward's query tiles of one K/V head share: its packed keys
-// and values, and its dK, dV accumulators (Tp, hdp), summed in F32.
+// and values, and its gradients transposed, dK^T and dV^T (hd, Tp), summed in
+// F32 (transposed, the products that add to them need no transposed tiles).
 struct HeadGrads {
   PackedHead keys, values;
-  float* dk;
-  float* dv;
+  float* dk_t;
+  float* dv_t;
 };
 
-// A query tile's rows of x as a (BF16 rows, pairs down) pair of layouts.
+// A query tile of x as the products need it: BF16 rows (qn, hde) for
+// products over hd, and their transpose (hd, qne) for products over the
+// tile's queries (column qn zero when qn is odd).
 struct PackedTile {
-  uint16_t* rows;  // (qne, hde)
-  uint16_t* down;  // (qne/2, 2 hdp)
+  uint16_t* rows;
+  uint16_t* cols;
 };
 
 PackedTile pack_tile(const Tensor& x, int64_t b, int64_t h, int64_t q0, int64_t qn, const Dims& d, int slot) {
   const int64_t qne = round_up(qn, 2);
-  PackedTile p{scratch<uint16_t>(slot, kTile * d.hde), scratch<uint16_t>(slot + 1, kTile * d.hdp)};
-  pack_rows(x, b, h, q0, qn, qne, d, p.rows);
-  pairs_down(p.rows, qne, d.hde, p.down, 2 * d.hdp);
+  PackedTile p{scratch<uint16_t>(slot, kTile * d.hde), scratch<uint16_t>(slot + 1, d.hd * kTile)};
+  pack_rows(x, b, h, q0, qn, qn, d, p.rows);
+  for (int64_t i = 0; i < d.hd; ++i) {
+    uint16_t* col = p.cols + i * qne;
+    for (int64_t t = 0; t < qn; ++t) col[t] = p.rows[t * d.hde + i];
+    if (qne > qn) col[qn] = 0;
+  }
   return p;
+}
+
+// dK^T or dV^T (hd, ld) into positions [0, n) of head `head` of batch row b
+// of x, rounded once when x is BF16.
+void store_transposed(const float* src_t, int64_t ld, const Tensor& x, int64_t b, int64_t head, int64_t n,
+                      const Dims& d) {
+  constexpr int64_t kBlock = 16;  // positions per transposed block
+  float* block = scratch<float>(8, kBlock * d.hdp);
+  for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
+    const int64_t tn = std::min(kBlock, n - t0);
+    for (int64_t i = 0; i < d.hd; ++i) {
+      const float* col = src_t + i * ld + t0;
+      for (int64_t t = 0; t < tn; ++t) block[t * d.hdp + i] = col[t];
+    }
+    store_rows(block, d.hdp, x, b, head, t0, tn, d);
+  }
 }
 
 // rowsum(dO o O) of the tile's queries, in F32 from the stored values.
@@ -415,46 +461,55 @@ void tile_delta(const Tensor& dout, const Tensor& out, int64_t b, int64_t h, int
   }
 }
 
-// P = exp(scale s - lse) and dS = scale P o (dP - delta) of one tile pair
-// from the scores s and dP (qn, lds), as BF16: dS in rows (qn, kne), dS^T and
-// P^T in rows (kne, qne). Masked entries and padding are 0.
+// P = exp(scale s - lse) and dS = scale P o (dP - delta) of one tile pair,
+// from the scores s and dP (qn, lds), as BF16: dS in rows (qn, kne) for dQ,
+// and both in pairs down the queries (qne/2, 2 knp) for dK^T and dV^T.
+// Masked entries and padding are 0.
 struct TileTerms {
-  uint16_t* ds;
-  uint16_t* ds_t;
-  uint16_t* p_t;
+  uint16_t* ds;       // (qne, kne) rows
+  uint16_t* p;        // (qne, kne) rows
+  uint16_t* ds_down;  // (qne/2, 2 knp)
+  uint16_t* p_down;   // (qne/2, 2 knp)
 };
 
 void tile_terms(const float* s, const float* dp, int64_t lds, const float* lse_rows, const float* delta, int64_t q0,
                 int64_t qn, int64_t k0, int64_t kn, const Dims& d, const TileTerms& terms) {
   const int64_t qne = round_up(qn, 2);
   const int64_t kne = round_up(kn, 2);
-  std::fill_n(terms.ds_t, kne * qne, uint16_t{0});
-  std::fill_n(terms.p_t, kne * qne, uint16_t{0});
   for (int64_t t = 0; t < qn; ++t) {
     const int64_t visible = visible_keys(q0 + t, k0, kn);
     const float row_lse = lse_rows[t];
     const float row_delta = delta[t];
+    const float* s_row = s + t * lds;
+    const float* dp_row = dp + t * lds;
     uint16_t* ds_row = terms.ds + t * kne;
+    uint16_t* p_row = terms.p + t * kne;
+#pragma omp simd
     for (int64_t j = 0; j < kne; ++j) {
-      const float p = j < visible ? vec::exp_f32(s[t * lds + j] * d.scale - row_lse) : 0.0f;
-      const float ds = j < visible ? d.scale * p * (dp[t * lds + j] - row_delta) : 0.0f;
-      const uint16_t ds_bits = vec::narrow(ds);
-      ds_row[j] = ds_bits;
-      terms.ds_t[j * qne + t] = ds_bits;
-      terms.p_t[j * qne + t] = vec::narrow(p);
+      const float p = j < visible ? vec::exp_f32(s_row[j] * d.scale - row_lse) : 0.0f;
+      ds_row[j] = vec::narrow(j < visible ? d.scale * p * (dp_row[j] - row_delta) : 0.0f);
+      p_row[j] = vec::narrow(p);
     }
   }
+  if (qne > qn) {
+    std::fill_n(terms.ds + qn * kne, kne, uint16_t{0});
+    std::fill_n(terms.p + qn * kne, kne, uint16_t{0});
+  }
+  const int64_t knp = round_up(kn, 16);
+  pairs_down(terms.ds, qne, kne, terms.ds_down, 2 * knp);
+  pairs_down(terms.p, qne, kne, terms.p_down, 2 * knp);
 }
 
-// Query tile q0 of head h: writes its dq rows and adds its part of dK, dV.
+// Query tile q0 of head h: writes its dq rows and adds its part of dK^T, dV^T.
 void backward_tile(const Tensor& dout, const Tensor& q, const Tensor& out, const Tensor& dq, const float* lse_rows,
                    int64_t b, int64_t h, int64_t q0, const HeadGrads& head, const Dims& d) {
   const int64_t qn = std::min(kTile, d.seq - q0);
   const int64_t qne = round_up(qn, 2);
+  const int64_t tp = head.keys.padded;
   const PackedTile qt = pack_tile(q, b, h, q0, qn, d, 6);
-  const PackedTile dot_rows = pack_tile(dout, b, h, q0, qn, d, 8);
+  const PackedTile dot_tile = pack_tile(dout, b, h, q0, qn, d, 8);
   const TileTerms terms{scratch<uint16_t>(10, kTile * kTile), scratch<uint16_t>(11, kTile * kTile),
-                        scratch<uint16_t>(12, kTile * kTile)};
+                        scratch<uint16_t>(12, kTile * kTile), scratch<uint16_t>(13, kTile * kTile)};
   float* s = scratch<float>(0, kTile * kTile);   // (qn, knp) scores
   float* dp = scratch<float>(1, kTile * kTile);  // (qn, knp) dO V^T
   float* delta = scratch<float>(2, kTile);
@@ -466,11 +521,11 @@ void backward_tile(const Tensor& dout, const Tensor& q, const Tensor& out, const
     const int64_t knp = round_up(kn, 16);
     const int64_t kne = round_up(kn, 2);
     dot({qt.rows, d.hde}, qn, across_at(head.keys, k0), knp, d.hde / 2, s, knp, false);
-    dot({dot_rows.rows, d.hde}, qn, across_at(head.values, k0), knp, d.hde / 2, dp, knp, false);
+    dot({dot_tile.rows, d.hde}, qn, across_at(head.values, k0), knp, d.hde / 2, dp, knp, false);
     tile_terms(s, dp, knp, lse_rows, delta, q0, qn, k0, kn, d, terms);
     dot({terms.ds, kne}, qn, down_at(head.keys, k0, d), d.hdp, kne / 2, dqb, d.hdp, true);
-    dot({terms.ds_t, qne}, kn, {qt.down, 2 * d.hdp}, d.hdp, qne / 2, head.dk + k0 * d.hdp, d.hdp, true);
-    dot({terms.p_t, qne}, kn, {dot_rows.down, 2 * d.hdp}, d.hdp, qne / 2, head.dv + k0 * d.hdp, d.hdp, true);
+    dot({qt.cols, qne}, d.hd, {terms.ds_down, 2 * knp}, knp, qne / 2, head.dk_t + k0, tp, true);
+    dot({dot_tile.cols, qne}, d.hd, {terms.p_down, 2 * knp}, knp, qne / 2, head.dv_t + k0, tp, true);
   }
   store_rows(dqb, d.hdp, dq, b, h, q0, qn, d);
 }
@@ -486,18 +541,18 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
       const int64_t b = unit / d.kv_heads;
       const int64_t g = unit % d.kv_heads;
       HeadGrads head{pack_head(k, b, g, d, 0, true, true), pack_head(v, b, g, d, 3, true, false), nullptr, nullptr};
-      const int64_t padded = head.keys.padded;
-      head.dk = scratch<float>(4, padded * d.hdp);
-      head.dv = scratch<float>(5, padded * d.hdp);
-      std::fill_n(head.dk, padded * d.hdp, 0.0f);
-      std::fill_n(head.dv, padded * d.hdp, 0.0f);
+      const int64_t tp = head.keys.padded;
+      head.dk_t = scratch<float>(4, d.hd * tp);
+      head.dv_t = scratch<float>(5, d.hd * tp);
+      std::fill_n(head.dk_t, d.hd * tp, 0.0f);
+      std::fill_n(head.dv_t, d.hd * tp, 0.0f);
       // Query heads, then query tiles, in ascending order: a fixed summation order for dK, dV.
       for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
         for (int64_t q0 = 0; q0 < d.seq; q0 += kTile)
           backward_tile(dout, q, out, dq, pl + (b * d.heads + h) * d.seq + q0, b, h, q0, head, d);
       }
-      store_rows(head.dk, d.hdp, dk, b, g, 0, d.seq, d);
-      store_rows(head.dv, d.hdp, dv, b, g, 0, d.seq, d);
+      store_transposed(head.dk_t, tp, dk, b, g, d.seq, d);
+      store_transposed(head.dv_t, tp, dv, b, g, d.seq, d);
     }
   });
 }

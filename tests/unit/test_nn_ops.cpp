@@ -24,6 +24,7 @@
 
 #include "core/cpu/parallel.h"
 #include "core/ops.h"
+#include "tests/harness/attention_ref.h"
 #include "tests/harness/test_util.h"
 
 namespace {
@@ -175,51 +176,9 @@ Vec rope_ref(const Vec& x, const Vec& cos, const Vec& sin, int64_t batch, int64_
   return out;
 }
 
-struct AttnDims {
-  int64_t b, t, h, kv, hd;
-};
-
-void PrintTo(const AttnDims& d, std::ostream* os) {
-  *os << "B=" << d.b << " T=" << d.t << " H=" << d.h << " KV=" << d.kv << " hd=" << d.hd;
-}
-
-struct AttnRef {
-  Vec out, lse;
-};
-
-// Naive causal softmax attention: head h reads K/V head h / (H / KV).
-AttnRef attention_ref(const Vec& q, const Vec& k, const Vec& v, const AttnDims& d) {
-  AttnRef r{Vec(q.size()), Vec(static_cast<size_t>(d.b * d.h * d.t))};
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d.hd));
-  const int64_t group = d.h / d.kv;
-  Vec scores(static_cast<size_t>(d.t));
-  for (int64_t b = 0; b < d.b; ++b)
-    for (int64_t h = 0; h < d.h; ++h) {
-      const int64_t g = h / group;
-      for (int64_t t = 0; t < d.t; ++t) {
-        const double* qt = &q[((b * d.t + t) * d.h + h) * d.hd];
-        double m = -std::numeric_limits<double>::infinity();
-        for (int64_t s = 0; s <= t; ++s) {
-          const double* ks = &k[((b * d.t + s) * d.kv + g) * d.hd];
-          double acc = 0.0;
-          for (int64_t i = 0; i < d.hd; ++i) acc += qt[i] * ks[i];
-          scores[s] = acc * scale;
-          m = std::max(m, scores[s]);
-        }
-        double sum = 0.0;
-        for (int64_t s = 0; s <= t; ++s) sum += std::exp(scores[s] - m);
-        const double lse = m + std::log(sum);
-        r.lse[(b * d.h + h) * d.t + t] = lse;
-        double* ot = &r.out[((b * d.t + t) * d.h + h) * d.hd];
-        for (int64_t s = 0; s <= t; ++s) {
-          const double p = std::exp(scores[s] - lse);
-          const double* vs = &v[((b * d.t + s) * d.kv + g) * d.hd];
-          for (int64_t i = 0; i < d.hd; ++i) ot[i] += p * vs[i];
-        }
-      }
-    }
-  return r;
-}
+using AttnDims = st::test::AttnShape;
+using st::test::attention_ref;
+using st::test::AttnRef;
 
 Vec swiglu_ref(const Vec& gate, const Vec& up) {
   Vec out(gate.size());
@@ -637,69 +596,6 @@ std::vector<float> last_positions(const std::vector<float>& x, const AttnDims& d
   return out;
 }
 
-// How far BF16 attention may sit from the F32 op on the same BF16 inputs.
-// Tile products take BF16 operands with F32 accumulation, so the only
-// roundings beyond F32 are P and dS, each rounded once to BF16 (relative
-// error <= 2^-9) where it enters a product. An output element that sums
-// terms P_ts x_s (or dS_ts x) may therefore move by 2^-9 sum |P_ts x_s|;
-// the bound below doubles that for the F32 rounding around it, and adds one
-// ulp of the output's own rounding. Terms come from a double reference.
-struct AttnBounds {
-  Vec out, dq, dk, dv;  // 2^-8 sum |P x| (or |dS x|) per element
-};
-
-AttnBounds attention_bf16_bounds(const Vec& q, const Vec& k, const Vec& v, const Vec& dout, const AttnDims& d) {
-  const AttnRef ref = attention_ref(q, k, v, d);
-  AttnBounds r{Vec(q.size()), Vec(q.size()), Vec(k.size()), Vec(k.size())};
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d.hd));
-  const double u = std::ldexp(1.0, -8);
-  const int64_t group = d.h / d.kv;
-  auto row = [&d](int64_t b, int64_t t, int64_t heads, int64_t head) { return ((b * d.t + t) * heads + head) * d.hd; };
-  for (int64_t b = 0; b < d.b; ++b)
-    for (int64_t h = 0; h < d.h; ++h)
-      for (int64_t t = 0; t < d.t; ++t) {
-        const int64_t qt = row(b, t, d.h, h);
-        double delta = 0.0;
-        for (int64_t i = 0; i < d.hd; ++i) delta += dout[qt + i] * ref.out[qt + i];
-        for (int64_t s = 0; s <= t; ++s) {
-          const int64_t ks = row(b, s, d.kv, h / group);
-          double score = 0.0, dp = 0.0;
-          for (int64_t i = 0; i < d.hd; ++i) {
-            score += q[qt + i] * k[ks + i];
-            dp += dout[qt + i] * v[ks + i];
-          }
-          const double p = std::exp(score * scale - ref.lse[(b * d.h + h) * d.t + t]);
-          const double ds = std::fabs(scale * p * (dp - delta));
-          for (int64_t i = 0; i < d.hd; ++i) {
-            r.out[qt + i] += u * p * std::fabs(v[ks + i]);
-            r.dv[ks + i] += u * p * std::fabs(dout[qt + i]);
-            r.dq[qt + i] += u * ds * std::fabs(k[ks + i]);
-            r.dk[ks + i] += u * ds * std::fabs(q[qt + i]);
-          }
-        }
-      }
-  return r;
-}
-
-// Each element of a BF16 result is within one BF16 ulp plus its bound of the
-// F32 result (the first one outside is reported, with the count).
-void expect_within_bound(const char* what, const Tensor& bf16, const Tensor& f32, const Vec& bound) {
-  const std::vector<float> got = bf16.to_floats();
-  const std::vector<float> want = f32.to_floats();
-  ASSERT_EQ(got.size(), want.size()) << what;
-  ASSERT_EQ(got.size(), bound.size()) << what;
-  int64_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double allowed = bf16_ulp(want[i]) + bound[i];
-    if (std::fabs(got[i] - want[i]) > allowed) {
-      if (bad == 0)
-        ADD_FAILURE() << what << "[" << i << "]: BF16 " << got[i] << " vs F32 " << want[i] << ", allowed " << allowed;
-      ++bad;
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": elements outside the BF16 bound";
-}
-
 struct AttnRun {
   Tensor out, lse, dq, dk, dv;
 };
@@ -728,14 +624,15 @@ void expect_bf16_attention_within_bound(const AttnDims& d, uint32_t seed) {
   const AttnRun half = run_attention(in, g, d, DType::BF16);
   const std::vector<float> o = half.out.to_floats();
   const AttnRun full = run_attention(in, g, d, DType::F32, &o);
-  const AttnBounds bound = attention_bf16_bounds(to_double(in.q), to_double(in.k), to_double(in.v), to_double(g), d);
-  expect_within_bound("attention out", half.out, full.out, bound.out);
+  const st::test::AttnBounds bound =
+      st::test::attention_bf16_bounds(to_double(in.q), to_double(in.k), to_double(in.v), to_double(g), d);
+  st::test::expect_within_bound("attention out", half.out, full.out, bound.out);
   // lse sums F32 exponentials of scores that differ only by F32 summation
   // order (products of BF16 values are exact in F32): a few F32 ulps.
   expect_forward_close("attention lse", to_double(half.lse.to_floats()), to_double(full.lse.to_floats()), 4e-6);
-  expect_within_bound("attention dq", half.dq, full.dq, bound.dq);
-  expect_within_bound("attention dk", half.dk, full.dk, bound.dk);
-  expect_within_bound("attention dv", half.dv, full.dv, bound.dv);
+  st::test::expect_within_bound("attention dq", half.dq, full.dq, bound.dq);
+  st::test::expect_within_bound("attention dk", half.dk, full.dk, bound.dk);
+  st::test::expect_within_bound("attention dv", half.dv, full.dv, bound.dv);
 }
 
 TEST_P(Attention, Bf16WithinItsBound) { expect_bf16_attention_within_bound(GetParam(), 45); }
