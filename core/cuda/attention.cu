@@ -10,9 +10,13 @@
 //    then dV += P^T dO, dP = dO V^T, dS = scale * P o (dP - rowsum(dO o O)),
 //    dQ = dS K, dK += dS^T Q. dK and dV sum over the query heads of a group in
 //    ascending order in F32 and are rounded once.
-//  - every product is F32 x F32 with F32 accumulation (CUBLAS_COMPUTE_32F, no
-//    TF32): BF16 operands are widened into F32 copies first and BF16 outputs
-//    are rounded once from F32 results, as on the CPU.
+//  - the products follow the CPU's contract (core/cpu/attention_bf16.h): with
+//    BF16 q, k, v (and dout) every product takes BF16 operands with F32
+//    accumulation (CUBLAS_COMPUTE_32F on the tensor cores), and P and dS
+//    enter their products as BF16, rounded once from the F32 values the
+//    softmax kernels form; lse, delta and the sums of dK, dV stay F32. Any
+//    other mix of dtypes runs F32 x F32 (no TF32) on widened copies. BF16
+//    outputs are rounded once from F32 results, as on the CPU.
 // cuBLAS is column-major: a row-major [rows, cols] matrix with row stride ld
 // is, to cuBLAS, its transpose ([cols, rows], leading dimension ld). A head's
 // rows of q [B, T, H, hd] are such a matrix: T rows of hd, stride H*hd.
@@ -77,9 +81,11 @@ cublasHandle_t cublas_handle(int device) {
   return slot.handle->get();
 }
 
-// One operand of a strided batched product: a matrix per batch entry.
+// One operand of a strided batched product: a matrix per batch entry, F32
+// or BF16.
 struct Mat {
-  const float* ptr;
+  const void* ptr;
+  cudaDataType type;
   int64_t ld;      // leading dimension as cuBLAS sees it (the row-major row stride)
   int64_t stride;  // elements between batch entries
 };
@@ -91,14 +97,15 @@ using GemmStridedBatchedEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_
                                                 cudaDataType, int, long long, const void*, void*, cudaDataType, int,
                                                 long long, int, cublasComputeType_t, cublasGemmAlgo_t);
 
-// C = alpha * op(A) op(B) + beta * C for each of `batch` entries, all F32
-// with F32 accumulation; m, n, k and the operations in cuBLAS's column-major terms.
-void gemm_f32(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
-              const Mat& a, const Mat& b, float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+// C = alpha * op(A) op(B) + beta * C for each of `batch` entries, C F32,
+// A and B both F32 or both BF16, F32 accumulation; m, n, k and the
+// operations in cuBLAS's column-major terms.
+void gemm(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
+          const Mat& a, const Mat& b, float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
   const float alpha = 1.0f;
   CUBLAS_CHECK(ST_CUDA_LIB_CALL_AS(cublasGemmStridedBatchedEx, GemmStridedBatchedEx)(
-      handle, op_a, op_b, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a.ptr, CUDA_R_32F,
-      static_cast<int>(a.ld), a.stride, b.ptr, CUDA_R_32F, static_cast<int>(b.ld), b.stride, &beta, c, CUDA_R_32F,
+      handle, op_a, op_b, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a.ptr, a.type,
+      static_cast<int>(a.ld), a.stride, b.ptr, b.type, static_cast<int>(b.ld), b.stride, &beta, c, CUDA_R_32F,
       static_cast<int>(ldc), stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -157,10 +164,11 @@ __device__ __forceinline__ float prob(float s, float scale, float lse) {
 // Block (t, b): row t of batch b's scores [Tq, Tk] for head `head`; query t
 // sits at position pos = Tk - Tq + t and sees keys j <= pos. Writes
 // lse[b, head, t] and replaces the row with the causal probabilities (0 past
-// pos). Each thread reads only the elements it writes after the reductions,
-// so the row is turned over in place.
-__global__ void causal_softmax_kernel(float* scores, float* lse, int64_t seq, int64_t kv_seq, int64_t heads,
-                                      int64_t head, float scale) {
+// pos), also rounded to BF16 into probs16 when it is given. Each thread reads
+// only the elements it writes after the reductions, so the row is turned
+// over in place.
+__global__ void causal_softmax_kernel(float* scores, uint16_t* probs16, float* lse, int64_t seq, int64_t kv_seq,
+                                      int64_t heads, int64_t head, float scale) {
   const int64_t t = blockIdx.x;
   const int64_t b = blockIdx.y;
   const int64_t pos = kv_seq - seq + t;
@@ -173,17 +181,28 @@ __global__ void causal_softmax_kernel(float* scores, float* lse, int64_t seq, in
   sum = block_reduce(sum, Sum{}, 0.0f);
   const float row_lse = m + logf(sum);
   if (threadIdx.x == 0) lse[(b * heads + head) * seq + t] = row_lse;
-  for (int64_t j = threadIdx.x; j < kv_seq; j += blockDim.x) row[j] = j <= pos ? prob(row[j], scale, row_lse) : 0.0f;
+  uint16_t* row16 = probs16 != nullptr ? probs16 + (b * seq + t) * kv_seq : nullptr;
+  for (int64_t j = threadIdx.x; j < kv_seq; j += blockDim.x) {
+    const float p = j <= pos ? prob(row[j], scale, row_lse) : 0.0f;
+    row[j] = p;
+    if (row16 != nullptr) row16[j] = detail::round_bf16_bits(p);
+  }
 }
 
-// Block (t, b): the same probabilities from the saved lse, in place.
-__global__ void probs_from_lse_kernel(float* scores, const float* lse, int64_t seq, int64_t heads, int64_t head,
-                                      float scale) {
+// Block (t, b): the same probabilities from the saved lse, in place (and as
+// BF16 into probs16 when given).
+__global__ void probs_from_lse_kernel(float* scores, uint16_t* probs16, const float* lse, int64_t seq, int64_t heads,
+                                      int64_t head, float scale) {
   const int64_t t = blockIdx.x;
   const int64_t b = blockIdx.y;
   float* row = scores + (b * seq + t) * seq;
+  uint16_t* row16 = probs16 != nullptr ? probs16 + (b * seq + t) * seq : nullptr;
   const float row_lse = lse[(b * heads + head) * seq + t];
-  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) row[j] = j <= t ? prob(row[j], scale, row_lse) : 0.0f;
+  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) {
+    const float p = j <= t ? prob(row[j], scale, row_lse) : 0.0f;
+    row[j] = p;
+    if (row16 != nullptr) row16[j] = detail::round_bf16_bits(p);
+  }
 }
 
 // One warp per row (b, t, h) of out/dout [B*T*H, hd]: delta = sum(dO o O),
@@ -202,15 +221,24 @@ __global__ void delta_kernel(const void* dout, DType dout_dtype, const void* out
 }
 
 // Block (t, b): dS = scale * P o (dP - delta) on and below the diagonal, 0
-// above, written over dP. delta is [B, T, H].
-__global__ void dscores_kernel(const float* probs, float* dscores, const float* delta, int64_t seq, int64_t heads,
-                               int64_t head, float scale) {
+// above, from dP in dscores: written over dP, or rounded to BF16 into ds16
+// when it is given. delta is [B, T, H].
+__global__ void dscores_kernel(const float* probs, float* dscores, uint16_t* ds16, const float* delta, int64_t seq,
+                               int64_t heads, int64_t head, float scale) {
   const int64_t t = blockIdx.x;
   const int64_t b = blockIdx.y;
   const float* p = probs + (b * seq + t) * seq;
   float* ds = dscores + (b * seq + t) * seq;
+  uint16_t* row16 = ds16 != nullptr ? ds16 + (b * seq + t) * seq : nullptr;
   const float d = delta[(b * seq + t) * heads + head];
-  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) ds[j] = j <= t ? __fmul_rn(scale, p[j]) * (ds[j] - d) : 0.0f;
+  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) {
+    const float value = j <= t ? __fmul_rn(scale, p[j]) * (ds[j] - d) : 0.0f;
+    if (row16 != nullptr) {
+      row16[j] = detail::round_bf16_bits(value);
+    } else {
+      ds[j] = value;
+    }
+  }
 }
 
 struct Dims {
@@ -236,17 +264,45 @@ Dims dims_of(const Tensor& q, const Tensor& k) {
   return d;
 }
 
+// x from element `offset` as a cuBLAS operand of its own dtype.
+Mat mat(const Tensor& x, int64_t offset, int64_t ld, int64_t stride) {
+  return {static_cast<const char*>(x.raw_data()) + offset * static_cast<int64_t>(dtype_size(x.dtype())),
+          x.dtype() == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F, ld, stride};
+}
+
 // The operands of head h (K/V head g) as cuBLAS matrices, batched over b.
 struct HeadMats {
   const Dims& d;
-  Mat q_head(const Tensor& q, int64_t h) const {
-    return {q.data<float>() + h * d.hd, d.heads * d.hd, d.seq * d.heads * d.hd};
-  }
+  Mat q_head(const Tensor& q, int64_t h) const { return mat(q, h * d.hd, d.heads * d.hd, d.seq * d.heads * d.hd); }
   Mat kv_head(const Tensor& k, int64_t g) const {
-    return {k.data<float>() + g * d.hd, d.kv_heads * d.hd, d.kv_seq * d.kv_heads * d.hd};
+    return mat(k, g * d.hd, d.kv_heads * d.hd, d.kv_seq * d.kv_heads * d.hd);
   }
-  Mat square(const Tensor& s) const { return {s.data<float>(), d.seq, d.seq * d.seq}; }
+  Mat square(const Tensor& s) const { return mat(s, 0, d.seq, d.seq * d.seq); }
 };
+
+// The tensors the products take: q, k, v (and dout) themselves when all are
+// BF16 (the BF16 contract), else F32 values (widened copies of BF16 ones).
+struct Operands {
+  bool bf16;
+  Tensor q, k, v, dout;
+};
+
+Operands operands(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* dout, cudaStream_t stream) {
+  const bool bf16 = q.dtype() == DType::BF16 && k.dtype() == DType::BF16 && v.dtype() == DType::BF16 &&
+                    (dout == nullptr || dout->dtype() == DType::BF16);
+  if (bf16) return {true, q, k, v, dout != nullptr ? *dout : Tensor()};
+  return {false, as_f32(q, stream), as_f32(k, stream), as_f32(v, stream),
+          dout != nullptr ? as_f32(*dout, stream) : Tensor()};
+}
+
+// P or dS as its product's operand: BF16 under the BF16 contract, else F32.
+Tensor product_scratch(const Operands& ops, const Shape& shape, const Tensor& f32_values) {
+  return ops.bf16 ? Tensor::empty(shape, DType::BF16, f32_values.device()) : f32_values;
+}
+
+uint16_t* bf16_or_null(const Operands& ops, const Tensor& t) {
+  return ops.bf16 ? static_cast<uint16_t*>(t.raw_data()) : nullptr;
+}
 
 }  // namespace
 
@@ -259,25 +315,25 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   cublasHandle_t handle = cublas_handle(device);
   const HeadMats mats{d};
 
-  const Tensor qf = as_f32(q, stream);                                                      // (B, Tq, H, hd)
-  const Tensor kf = as_f32(k, stream);                                                      // (B, Tk, KV, hd)
-  const Tensor vf = as_f32(v, stream);                                                      // (B, Tk, KV, hd)
-  const Tensor of = f32_result(out);                                                        // (B, Tq, H, hd)
-  const Tensor scores = Tensor::empty({d.batch, d.seq, d.kv_seq}, DType::F32, q.device());  // (B, Tq, Tk) one head
+  const Operands ops = operands(q, k, v, nullptr, stream);
+  const Tensor of = f32_result(out);             // (B, Tq, H, hd)
+  const Shape square{d.batch, d.seq, d.kv_seq};  // (B, Tq, Tk) one head
+  const Tensor scores = Tensor::empty(square, DType::F32, q.device());
+  const Tensor probs = product_scratch(ops, square, scores);  // P as PV's operand
   const dim3 rows(static_cast<unsigned>(d.seq), static_cast<unsigned>(d.batch));
-  const Mat probs{scores.data<float>(), d.kv_seq, d.seq * d.kv_seq};
+  const Mat probs_mat = mat(probs, 0, d.kv_seq, d.seq * d.kv_seq);
 
   for (int64_t h = 0; h < d.heads; ++h) {
     const int64_t g = h / d.group;
     // S^T = K Q^T in cuBLAS's terms is S = Q K^T row-major: raw scores q_t . k_s.
-    gemm_f32(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.kv_seq, d.seq, d.hd, mats.kv_head(kf, g), mats.q_head(qf, h), 0.0f,
-             scores.data<float>(), d.kv_seq, d.seq * d.kv_seq, d.batch);
-    causal_softmax_kernel<<<rows, kThreads, 0, stream>>>(scores.data<float>(), lse.data<float>(), d.seq, d.kv_seq,
-                                                         d.heads, h, d.scale);
+    gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.kv_seq, d.seq, d.hd, mats.kv_head(ops.k, g), mats.q_head(ops.q, h), 0.0f,
+         scores.data<float>(), d.kv_seq, d.seq * d.kv_seq, d.batch);
+    causal_softmax_kernel<<<rows, kThreads, 0, stream>>>(scores.data<float>(), bf16_or_null(ops, probs),
+                                                         lse.data<float>(), d.seq, d.kv_seq, d.heads, h, d.scale);
     CUDA_CHECK_LAUNCH();
     // O^T = V^T P^T, i.e. O = P V row-major, into head h of the output.
-    gemm_f32(handle, CUBLAS_OP_N, CUBLAS_OP_N, d.hd, d.seq, d.kv_seq, mats.kv_head(vf, g), probs, 0.0f,
-             of.data<float>() + h * d.hd, d.heads * d.hd, d.seq * d.heads * d.hd, d.batch);
+    gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, d.hd, d.seq, d.kv_seq, mats.kv_head(ops.v, g), probs_mat, 0.0f,
+         of.data<float>() + h * d.hd, d.heads * d.hd, d.seq * d.heads * d.hd, d.batch);
   }
   store_result(of, out, stream);
 }
@@ -312,17 +368,17 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   cublasHandle_t handle = cublas_handle(device);
   const HeadMats mats{d};
 
-  const Tensor qf = as_f32(q, stream);      // (B, T, H, hd)
-  const Tensor kf = as_f32(k, stream);      // (B, T, KV, hd)
-  const Tensor vf = as_f32(v, stream);      // (B, T, KV, hd)
-  const Tensor dof = as_f32(dout, stream);  // (B, T, H, hd)
-  const Tensor dqf = f32_result(dq);        // (B, T, H, hd)
-  const Tensor dkf = f32_result(dk);        // (B, T, KV, hd) summed over each group's query heads
-  const Tensor dvf = f32_result(dv);        // (B, T, KV, hd) summed over each group's query heads
-  zero_async({dkf, dvf}, stream);           // accumulated over each group's query heads
-  const Tensor probs = Tensor::empty({d.batch, d.seq, d.seq}, DType::F32, q.device());    // (B, T, T) P, one head
-  const Tensor dscores = Tensor::empty({d.batch, d.seq, d.seq}, DType::F32, q.device());  // (B, T, T) dP, then dS
-  const Tensor delta = row_deltas(dout, out, d, stream);                                  // (B, T, H)
+  const Operands ops = operands(q, k, v, &dout, stream);
+  const Tensor dqf = f32_result(dq);          // (B, T, H, hd)
+  const Tensor dkf = f32_result(dk);          // (B, T, KV, hd) summed over each group's query heads
+  const Tensor dvf = f32_result(dv);          // (B, T, KV, hd) summed over each group's query heads
+  zero_async({dkf, dvf}, stream);             // accumulated over each group's query heads
+  const Shape square{d.batch, d.seq, d.seq};  // (B, T, T) one head
+  const Tensor probs = Tensor::empty(square, DType::F32, q.device());    // P
+  const Tensor dscores = Tensor::empty(square, DType::F32, q.device());  // dP, then dS (F32 contract)
+  const Tensor probs_op = product_scratch(ops, square, probs);           // P as dV's operand
+  const Tensor ds_op = product_scratch(ops, square, dscores);            // dS as dQ's and dK's operand
+  const Tensor delta = row_deltas(dout, out, d, stream);                 // (B, T, H)
   const dim3 rows(static_cast<unsigned>(d.seq), static_cast<unsigned>(d.batch));
   const int64_t q_ld = d.heads * d.hd;
   const int64_t q_stride = d.seq * d.heads * d.hd;
@@ -333,26 +389,26 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   // Query heads in ascending order: a fixed summation order for dk, dv.
   for (int64_t h = 0; h < d.heads; ++h) {
     const int64_t g = h / d.group;
-    gemm_f32(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.seq, d.seq, d.hd, mats.kv_head(kf, g), mats.q_head(qf, h), 0.0f,
-             probs.data<float>(), d.seq, tt, d.batch);
-    probs_from_lse_kernel<<<rows, kThreads, 0, stream>>>(probs.data<float>(), lse.data<float>(), d.seq, d.heads, h,
-                                                         d.scale);
+    gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.seq, d.seq, d.hd, mats.kv_head(ops.k, g), mats.q_head(ops.q, h), 0.0f,
+         probs.data<float>(), d.seq, tt, d.batch);
+    probs_from_lse_kernel<<<rows, kThreads, 0, stream>>>(probs.data<float>(), bf16_or_null(ops, probs_op),
+                                                         lse.data<float>(), d.seq, d.heads, h, d.scale);
     CUDA_CHECK_LAUNCH();
     // dV^T += dO^T P, i.e. dV += P^T dO.
-    gemm_f32(handle, CUBLAS_OP_N, CUBLAS_OP_T, d.hd, d.seq, d.seq, mats.q_head(dof, h), mats.square(probs), 1.0f,
-             dvf.data<float>() + g * d.hd, kv_ld, kv_stride, d.batch);
+    gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, d.hd, d.seq, d.seq, mats.q_head(ops.dout, h), mats.square(probs_op), 1.0f,
+         dvf.data<float>() + g * d.hd, kv_ld, kv_stride, d.batch);
     // dP^T = V dO^T, i.e. dP = dO V^T.
-    gemm_f32(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.seq, d.seq, d.hd, mats.kv_head(vf, g), mats.q_head(dof, h), 0.0f,
-             dscores.data<float>(), d.seq, tt, d.batch);
-    dscores_kernel<<<rows, kThreads, 0, stream>>>(probs.data<float>(), dscores.data<float>(), delta.data<float>(),
-                                                  d.seq, d.heads, h, d.scale);
+    gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.seq, d.seq, d.hd, mats.kv_head(ops.v, g), mats.q_head(ops.dout, h), 0.0f,
+         dscores.data<float>(), d.seq, tt, d.batch);
+    dscores_kernel<<<rows, kThreads, 0, stream>>>(probs.data<float>(), dscores.data<float>(), bf16_or_null(ops, ds_op),
+                                                  delta.data<float>(), d.seq, d.heads, h, d.scale);
     CUDA_CHECK_LAUNCH();
     // dQ^T = K^T dS^T, i.e. dQ = dS K (the scale is already in dS).
-    gemm_f32(handle, CUBLAS_OP_N, CUBLAS_OP_N, d.hd, d.seq, d.seq, mats.kv_head(kf, g), mats.square(dscores), 0.0f,
-             dqf.data<float>() + h * d.hd, q_ld, q_stride, d.batch);
+    gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, d.hd, d.seq, d.seq, mats.kv_head(ops.k, g), mats.square(ds_op), 0.0f,
+         dqf.data<float>() + h * d.hd, q_ld, q_stride, d.batch);
     // dK^T += Q^T dS, i.e. dK += dS^T Q.
-    gemm_f32(handle, CUBLAS_OP_N, CUBLAS_OP_T, d.hd, d.seq, d.seq, mats.q_head(qf, h), mats.square(dscores), 1.0f,
-             dkf.data<float>() + g * d.hd, kv_ld, kv_stride, d.batch);
+    gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, d.hd, d.seq, d.seq, mats.q_head(ops.q, h), mats.square(ds_op), 1.0f,
+         dkf.data<float>() + g * d.hd, kv_ld, kv_stride, d.batch);
   }
   store_result(dqf, dq, stream);
   store_result(dkf, dk, stream);

@@ -18,8 +18,12 @@ namespace st::test {
 
 using Vec = std::vector<double>;
 
+// q [b, t, h, hd]; k, v [b, tk, kv, hd] with tk = t unless given (a KV
+// cache: the queries are the last t of tk positions).
 struct AttnShape {
   int64_t b, t, h, kv, hd;
+  int64_t tk = 0;
+  int64_t keys() const { return tk > 0 ? tk : t; }
 };
 
 inline void PrintTo(const AttnShape& d, std::ostream* os) {
@@ -30,33 +34,36 @@ struct AttnRef {
   Vec out, lse;
 };
 
-// Naive causal softmax attention: head h reads K/V head h / (H / KV).
+// Naive causal softmax attention: head h reads K/V head h / (H / KV), query t
+// sits at position tk - t + t and sees the keys up to it.
 inline AttnRef attention_ref(const Vec& q, const Vec& k, const Vec& v, const AttnShape& d) {
   AttnRef r{Vec(q.size()), Vec(static_cast<size_t>(d.b * d.h * d.t))};
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.hd));
   const int64_t group = d.h / d.kv;
-  Vec scores(static_cast<size_t>(d.t));
+  const int64_t tk = d.keys();
+  Vec scores(static_cast<size_t>(tk));
   for (int64_t b = 0; b < d.b; ++b)
     for (int64_t h = 0; h < d.h; ++h) {
       const int64_t g = h / group;
       for (int64_t t = 0; t < d.t; ++t) {
         const double* qt = &q[((b * d.t + t) * d.h + h) * d.hd];
+        const int64_t pos = tk - d.t + t;
         double m = -std::numeric_limits<double>::infinity();
-        for (int64_t s = 0; s <= t; ++s) {
-          const double* ks = &k[((b * d.t + s) * d.kv + g) * d.hd];
+        for (int64_t s = 0; s <= pos; ++s) {
+          const double* ks = &k[((b * tk + s) * d.kv + g) * d.hd];
           double acc = 0.0;
           for (int64_t i = 0; i < d.hd; ++i) acc += qt[i] * ks[i];
           scores[s] = acc * scale;
           m = std::max(m, scores[s]);
         }
         double sum = 0.0;
-        for (int64_t s = 0; s <= t; ++s) sum += std::exp(scores[s] - m);
+        for (int64_t s = 0; s <= pos; ++s) sum += std::exp(scores[s] - m);
         const double lse = m + std::log(sum);
         r.lse[(b * d.h + h) * d.t + t] = lse;
         double* ot = &r.out[((b * d.t + t) * d.h + h) * d.hd];
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = 0; s <= pos; ++s) {
           const double p = std::exp(scores[s] - lse);
-          const double* vs = &v[((b * d.t + s) * d.kv + g) * d.hd];
+          const double* vs = &v[((b * tk + s) * d.kv + g) * d.hd];
           for (int64_t i = 0; i < d.hd; ++i) ot[i] += p * vs[i];
         }
       }
@@ -80,7 +87,7 @@ inline double bf16_spacing(double x) {
 // the bound below doubles that for the F32 rounding around it, and adds one
 // ulp of the output's own rounding. Terms come from a double reference.
 struct AttnBounds {
-  Vec out, dq, dk, dv;  // 2^-8 sum |P x| (or |dS x|) per element
+  Vec out, dq, dk, dv;  // 2^-8 sum |P x| (or |dS x|) per element; dq, dk, dv for tk == t
 };
 
 inline AttnBounds attention_bf16_bounds(const Vec& q, const Vec& k, const Vec& v, const Vec& dout, const AttnShape& d) {
@@ -89,15 +96,18 @@ inline AttnBounds attention_bf16_bounds(const Vec& q, const Vec& k, const Vec& v
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.hd));
   const double u = std::ldexp(1.0, -8);
   const int64_t group = d.h / d.kv;
-  auto row = [&d](int64_t b, int64_t t, int64_t heads, int64_t head) { return ((b * d.t + t) * heads + head) * d.hd; };
+  const int64_t tk = d.keys();
+  auto row = [&d](int64_t b, int64_t t, int64_t len, int64_t heads, int64_t head) {
+    return ((b * len + t) * heads + head) * d.hd;
+  };
   for (int64_t b = 0; b < d.b; ++b)
     for (int64_t h = 0; h < d.h; ++h)
       for (int64_t t = 0; t < d.t; ++t) {
-        const int64_t qt = row(b, t, d.h, h);
+        const int64_t qt = row(b, t, d.t, d.h, h);
         double delta = 0.0;
         for (int64_t i = 0; i < d.hd; ++i) delta += dout[qt + i] * ref.out[qt + i];
-        for (int64_t s = 0; s <= t; ++s) {
-          const int64_t ks = row(b, s, d.kv, h / group);
+        for (int64_t s = 0; s <= tk - d.t + t; ++s) {
+          const int64_t ks = row(b, s, tk, d.kv, h / group);
           double score = 0.0, dp = 0.0;
           for (int64_t i = 0; i < d.hd; ++i) {
             score += q[qt + i] * k[ks + i];
