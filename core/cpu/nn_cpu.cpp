@@ -258,6 +258,46 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Ten
   });
 }
 
+namespace {
+
+// Stores h = x + delta for n elements from `offset`, rounded once to h's
+// dtype, and returns those stored values as F32 (h's own memory when F32,
+// else `hv`). Operands of one dtype take one loop; mixed ones go through
+// the widened buffers xb and db.
+const float* add_row(const Tensor& x, const Tensor& delta, const Tensor& h, int64_t offset, int64_t n, float* xb,
+                     float* db, float* hv) {
+  const DType t = h.dtype();
+  if (x.dtype() == t && delta.dtype() == t && t == DType::F32) {
+    const float* xp = x.data<float>() + offset;
+    const float* dp = delta.data<float>() + offset;
+    float* hp = h.data<float>() + offset;  // may be xp or dp: element i is read before it is written
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) hp[i] = xp[i] + dp[i];
+    return hp;
+  }
+  if (x.dtype() == t && delta.dtype() == t) {
+    const BFloat16* xp = x.data<BFloat16>() + offset;
+    const BFloat16* dp = delta.data<BFloat16>() + offset;
+    BFloat16* hp = h.data<BFloat16>() + offset;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t bits = vec::narrow(vec::widen(xp[i].bits) + vec::widen(dp[i].bits));
+      hp[i].bits = bits;
+      hv[i] = vec::widen(bits);
+    }
+    return hv;
+  }
+  const float* xr = load(x, offset, n, xb);
+  const float* dr = load(delta, offset, n, db);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) hv[i] = xr[i] + dr[i];
+  round_through(t, hv, n);
+  commit(hv, h, offset, n);
+  return hv;
+}
+
+}  // namespace
+
 void add_rmsnorm_forward(const Tensor& x, const Tensor& delta, const Tensor& weight, float eps, const Tensor& h,
                          const Tensor& out, const Tensor& rstd) {
   const int64_t d = weight.numel();
@@ -270,15 +310,10 @@ void add_rmsnorm_forward(const Tensor& x, const Tensor& delta, const Tensor& wei
     float* h_buf = block_scratch(2, d);      // (D) h as stored, widened
     float* out_buf = block_scratch(3, d);    // (D)
     for (int64_t r = begin; r < end; ++r) {
-      const float* xr = load(x, r * d, d, x_buf);
-      const float* dr = load(delta, r * d, d, delta_buf);
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) h_buf[i] = xr[i] + dr[i];
-      // Normalise what h holds once stored, as rmsnorm_forward(h) would read it.
-      round_through(h.dtype(), h_buf, d);
-      commit(h_buf, h, r * d, d);
+      // The norm reads h as stored, as rmsnorm_forward(h) would.
+      const float* hr = add_row(x, delta, h, r * d, d, x_buf, delta_buf, h_buf);
       float* o = output(out, r * d, out_buf);
-      rs[r] = rmsnorm_row(h_buf, w, d, eps, o);
+      rs[r] = rmsnorm_row(hr, w, d, eps, o);
       commit(o, out, r * d, d);
     }
   });
@@ -306,18 +341,19 @@ void rmsnorm_backward_rows(const Tensor& dout, const Tensor& x, const float* w, 
 #pragma omp simd
     for (int64_t i = 0; i < d; ++i) dw[i] += dy[i] * (xr[i] * r_std);
     const float c = r_std * r_std * r_std * dot * inv_d;
-    float* g = output(dx, r * d, dx_buf);  // may be dy or xr: element i is read before it is written
-    // The residual may be dx itself: take a copy of its row before g overwrites it.
-    const float* res = residual != nullptr ? load(*residual, r * d, d, res_buf) : nullptr;
-    if (res != nullptr && res == g) {
-      std::memcpy(res_buf, res, static_cast<size_t>(d) * sizeof(float));
-      res = res_buf;
-    }
+    float* g = output(dx, r * d, dx_buf);  // may be dy, xr or res: element i is read before it is written
+    if (residual == nullptr) {
 #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) g[i] = dy[i] * w[i] * r_std - c * xr[i];
-    if (res != nullptr) {
-      round_through(dx.dtype(), g, d);
-      add_into(g, res, d);
+      for (int64_t i = 0; i < d; ++i) g[i] = dy[i] * w[i] * r_std - c * xr[i];
+    } else if (dx.dtype() == DType::F32) {
+      const float* res = load(*residual, r * d, d, res_buf);
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) g[i] = (dy[i] * w[i] * r_std - c * xr[i]) + res[i];
+    } else {
+      // round(round(g) + residual): the rounding of rmsnorm_backward, then add.
+      const float* res = load(*residual, r * d, d, res_buf);
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) g[i] = vec::widen(vec::narrow(dy[i] * w[i] * r_std - c * xr[i])) + res[i];
     }
     commit(g, dx, r * d, d);
   }
