@@ -259,11 +259,10 @@ void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& wei
                 [&] { cpu::rmsnorm_backward_add(dout, x, weight, rstd, residual, dx, dweight); });
   } else {
     // No fused CUDA kernel yet: the chain it stands for. The residual is read
-    // after dx is written, so it must not share dx's memory here.
-    ST_CHECK(!overlaps(residual, dx), "rmsnorm_backward_add: on CUDA, residual ({}) must not alias dx ({})",
-             residual.str(), dx.str());
+    // after dx is written, so a residual that is dx is copied first.
+    const Tensor res = overlaps(residual, dx) ? residual.clone() : residual;
     st::cuda::rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
-    st::cuda::add(residual, dx, dx);
+    st::cuda::add(res, dx, dx);
   }
 }
 
