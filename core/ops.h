@@ -53,6 +53,20 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Ten
 void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
                       const Tensor& dweight);
 
+/// Residual add fused with the RMSNorm after it (one pass over the rows):
+/// h = x + delta, rounded to h's dtype, then out = rmsnorm(h) exactly as
+/// rmsnorm_forward(h, ...) computes it from the rounded h, so the result is
+/// bit-identical to add(x, delta, h) followed by rmsnorm_forward. x, delta, h,
+/// out [N, D] (any mix of F32/BF16); h may alias x or delta exactly.
+void add_rmsnorm_forward(const Tensor& x, const Tensor& delta, const Tensor& weight, float eps, const Tensor& h,
+                         const Tensor& out, const Tensor& rstd);
+/// rmsnorm_backward with a residual gradient added in the same pass:
+/// dx = round(round(d/dx) + residual), each rounding to dx's dtype, which is
+/// bit-identical to rmsnorm_backward followed by add(residual, dx, dx).
+/// residual [N, D] may alias dx exactly; dweight += d/dweight.
+void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                          const Tensor& residual, const Tensor& dx, const Tensor& dweight);
+
 /// Rotary tables in the Hugging Face LLaMA layout: cos, sin F32 [T, hd] with
 /// inv_freq[j] = theta^(-2j/hd) and angle(t, j) = t * inv_freq[j mod hd/2]
 /// (the half-dim frequencies repeated twice, as `torch.cat((freqs, freqs))`).

@@ -210,6 +210,62 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
   }
 }
 
+void add_rmsnorm_forward(const Tensor& x, const Tensor& delta, const Tensor& weight, float eps, const Tensor& h,
+                         const Tensor& out, const Tensor& rstd) {
+  const char* op = "add_rmsnorm_forward";
+  const Arg a_x{"x", x}, a_delta{"delta", delta}, a_w{"weight", weight}, a_h{"h", h}, a_out{"out", out},
+      a_rstd{"rstd", rstd};
+  check_rmsnorm_common(op, a_x, a_w, a_rstd);
+  for (const Arg& a : {a_delta, a_h, a_out}) {
+    check_float(op, a);
+    check_same_rows(op, a, a_x);
+  }
+  ST_CHECK(std::isfinite(eps) && eps >= 0.0f, "add_rmsnorm_forward: eps must be finite and >= 0, got {}", eps);
+  check_alias_ok(op, a_h, a_x);
+  check_alias_ok(op, a_h, a_delta);
+  // out is written while h's row is still read: it must be its own buffer.
+  for (const Arg& in : {a_x, a_delta, a_h, a_w}) check_no_overlap(op, a_out, in);
+  check_no_overlap(op, a_h, a_w);
+  for (const Arg& in : {a_x, a_delta, a_h, a_w, a_out}) check_no_overlap(op, a_rstd, in);
+  if (check_devices(op, {a_x, a_delta, a_w, a_h, a_out, a_rstd}).is_cpu()) {
+    profile::op(profile::Activity::Ops, "add+rmsnorm forward", 0,
+                [&] { cpu::add_rmsnorm_forward(x, delta, weight, eps, h, out, rstd); });
+  } else {
+    // No fused CUDA kernel yet: the chain it stands for.
+    st::cuda::add(x, delta, h);
+    st::cuda::rmsnorm_forward(h, weight, eps, out, rstd);
+  }
+}
+
+void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                          const Tensor& residual, const Tensor& dx, const Tensor& dweight) {
+  const char* op = "rmsnorm_backward_add";
+  const Arg a_dout{"dout", dout}, a_x{"x", x}, a_w{"weight", weight}, a_rstd{"rstd", rstd}, a_res{"residual", residual},
+      a_dx{"dx", dx}, a_dw{"dweight", dweight};
+  check_rmsnorm_common(op, a_x, a_w, a_rstd);
+  for (const Arg& a : {a_dout, a_res, a_dx, a_dw}) check_float(op, a);
+  check_same_rows(op, a_dout, a_x);
+  check_same_rows(op, a_res, a_x);
+  check_same_rows(op, a_dx, a_x);
+  check_same_shape(op, a_dw, a_w);
+  check_alias_ok(op, a_dx, a_dout);
+  check_alias_ok(op, a_dx, a_x);
+  check_alias_ok(op, a_dx, a_res);
+  check_no_overlap(op, a_dx, a_w);
+  check_no_overlap(op, a_dx, a_rstd);
+  for (const Arg& in : {a_dout, a_x, a_w, a_rstd, a_res, a_dx}) check_no_overlap(op, a_dw, in);
+  if (check_devices(op, {a_dout, a_x, a_w, a_rstd, a_res, a_dx, a_dw}).is_cpu()) {
+    profile::op(profile::Activity::Ops, "rmsnorm+add backward", 0,
+                [&] { cpu::rmsnorm_backward_add(dout, x, weight, rstd, residual, dx, dweight); });
+  } else {
+    // No fused CUDA kernel yet: the chain it stands for. The residual is read
+    // after dx is written, so a residual that is dx is copied first.
+    const Tensor res = overlaps(residual, dx) ? residual.clone() : residual;
+    st::cuda::rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
+    st::cuda::add(res, dx, dx);
+  }
+}
+
 // ---------------------------------------------------------------- RoPE
 
 void rope_tables(int64_t seq_len, int64_t head_dim, double theta, const Tensor& cos, const Tensor& sin) {

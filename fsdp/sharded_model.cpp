@@ -86,6 +86,7 @@ enum class ReductionStage : uint8_t { Scatter, AllReduce, Ready };
 struct PendingReduction {
   size_t unit = 0;
   Tensor shard;  // reduce_dtype [shard_size]: the reduce-scatter's output, then all-reduced in place
+                 // (alone: the unit's BF16 gradient itself, see start_reduction)
   Work work;     // keeps the full-size gradient alive until the scatter is done
   ReductionStage stage = ReductionStage::Ready;
 };
@@ -428,7 +429,12 @@ struct ShardedModel::Impl {
     Tensor grad = unit.full_grad;
     unit.full_grad = Tensor();
     for (auto& [fqn, p] : unit.plan.params) p->grad = Tensor();
-    if (grad.dtype() != reduce_dtype) grad = ops::cast(grad, reduce_dtype);
+    // Alone (one rank, nothing exchanged), a BF16 gradient bound for F32 needs
+    // no cast pass of its own: complete()'s axpy widens it exactly as the cast
+    // would. Collectives take the reduce dtype.
+    const bool exchanged = g > 1 || replica_group->size() > 1;
+    const bool widened_by_axpy = !exchanged && grad.dtype() == DType::BF16 && reduce_dtype == DType::F32;
+    if (grad.dtype() != reduce_dtype && !widened_by_axpy) grad = ops::cast(grad, reduce_dtype);
 
     PendingReduction r;
     r.unit = u;

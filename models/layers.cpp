@@ -42,6 +42,11 @@ Shape with_last_dim(Shape s, int64_t last) {
 // x [..., D] -> rows N = numel / D.
 int64_t rows_of(const Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / x.size(-1); }
 
+// Whether a fused entry point (RMSNorm::forward_add, Linear::backward_add) may
+// do the module's work itself: nothing else (FSDP hooks, a recomputation
+// wrapper) needs to see the call.
+bool runs_plain(const Module& m) { return m.hooks() == nullptr && m.wrapper() == nullptr; }
+
 }  // namespace
 
 namespace {
@@ -98,6 +103,24 @@ Tensor Linear::forward_impl(const Tensor& x) {
 
 Tensor Linear::backward_impl(const Tensor& dy) {
   check_saved(x_, "Linear");
+  Tensor dx = Tensor::empty(x_.shape(), x_.dtype(), x_.device());  // (...,in)
+  backward_into(dy, dx, 0.0f);
+  return dx;
+}
+
+void Linear::backward_add(const Tensor& dy, const Tensor& dx) {
+  if (!runs_plain(*this)) {
+    ops::add(dx, backward(dy), dx);
+    return;
+  }
+  check_saved(x_, "Linear");
+  ST_CHECK(dx.numel() == x_.numel() && dx.size(-1) == in_,
+           "Linear [{} -> {}]: dx to accumulate into has shape {} but the input was {}", in_, out_,
+           shape_str(dx.shape()), shape_str(x_.shape()));
+  backward_into(dy, dx, 1.0f);
+}
+
+void Linear::backward_into(const Tensor& dy, const Tensor& dx, float beta) {
   const Tensor& w = value_of(*weight_, "Linear");
   ST_CHECK(dy.numel() == rows_of(x_) * out_ && dy.size(-1) == out_,
            "Linear [{} -> {}]: dy has shape {} but the output was {}", in_, out_, shape_str(dy.shape()),
@@ -107,10 +130,8 @@ Tensor Linear::backward_impl(const Tensor& dy) {
     const Tensor& db = grad_of(*bias_, "Linear").view({out_, 1});  // (out,1)
     ops::gemm(dy, Transpose::Yes, ones(rows_of(x_), dy.device()), Transpose::No, db, 1.0f, 1.0f);
   }
-  Tensor dx = Tensor::empty(x_.shape(), x_.dtype(), x_.device());  // (...,in)
-  ops::gemm(dy, Transpose::No, w, Transpose::No, dx);
+  ops::gemm(dy, Transpose::No, w, Transpose::No, dx, 1.0f, beta);  // dx = dy W + beta dx
   release_saved();
-  return dx;
 }
 
 // --- Embedding ------------------------------------------------------------------
@@ -173,6 +194,44 @@ Tensor RMSNorm::backward_impl(const Tensor& dy) {
   Tensor dx = Tensor::empty(x_.shape(), x_.dtype(), x_.device());  // (N,D)
   ops::rmsnorm_backward(dy.view({n, dim_}), x_.view({n, dim_}), value_of(*weight_, "RMSNorm"), rstd_,
                         dx.view({n, dim_}), grad_of(*weight_, "RMSNorm"));
+  release_saved();
+  return dx;
+}
+
+Tensor RMSNorm::forward_add(const Tensor& x, const Tensor& delta) {
+  if (!runs_plain(*this)) {
+    ops::add(x, delta, delta);
+    return forward(delta);
+  }
+  const Tensor& w = value_of(*weight_, "RMSNorm");  // (D)
+  ST_CHECK(x.defined() && delta.defined() && x.dim() >= 1 && x.size(-1) == dim_ && delta.shape() == x.shape(),
+           "RMSNorm({}): residual input has shape {} and branch output {}; both must be [..., {}] and match", dim_,
+           x.defined() ? shape_str(x.shape()) : std::string("undefined"),
+           delta.defined() ? shape_str(delta.shape()) : std::string("undefined"), dim_);
+  const int64_t n = rows_of(x);
+  Tensor out = Tensor::empty(x.shape(), w.dtype(), w.device());  // (N,D)
+  Tensor rstd = Tensor::empty({n}, DType::F32, w.device());      // (N)
+  ops::add_rmsnorm_forward(x.view({n, dim_}), delta.view({n, dim_}), w, eps_, delta.view({n, dim_}),
+                           out.view({n, dim_}), rstd);
+  x_ = delta;  // now h = x + delta, the norm's input
+  rstd_ = rstd;
+  return out;
+}
+
+Tensor RMSNorm::backward_add(const Tensor& dy, const Tensor& residual) {
+  if (!runs_plain(*this)) {
+    Tensor dx = backward(dy);
+    ops::add(residual, dx, dx);
+    return dx;
+  }
+  check_saved(x_, "RMSNorm");
+  const int64_t n = rows_of(x_);
+  ST_CHECK(dy.numel() == x_.numel() && residual.numel() == x_.numel(),
+           "RMSNorm({}): dy has shape {} and residual {} but the input was {}", dim_, shape_str(dy.shape()),
+           shape_str(residual.shape()), shape_str(x_.shape()));
+  Tensor dx = Tensor::empty(x_.shape(), x_.dtype(), x_.device());  // (N,D)
+  ops::rmsnorm_backward_add(dy.view({n, dim_}), x_.view({n, dim_}), value_of(*weight_, "RMSNorm"), rstd_,
+                            residual.view({n, dim_}), dx.view({n, dim_}), grad_of(*weight_, "RMSNorm"));
   release_saved();
   return dx;
 }
@@ -250,9 +309,10 @@ Tensor Attention::backward_impl(const Tensor& dy) {
   release_saved();
   ops::rope_backward(dq, cos, sin);
   ops::rope_backward(dk, cos, sin);
+  // The three input gradients are summed by the GEMMs themselves (beta = 1).
   Tensor dx = q_proj_.backward(dq.view({b, t, heads_ * head_dim_}));  // (B,T,D)
-  ops::add(dx, k_proj_.backward(dk.view({b, t, kv_heads_ * head_dim_})), dx);
-  ops::add(dx, v_proj_.backward(dv.view({b, t, kv_heads_ * head_dim_})), dx);
+  k_proj_.backward_add(dk.view({b, t, kv_heads_ * head_dim_}), dx);
+  v_proj_.backward_add(dv.view({b, t, kv_heads_ * head_dim_}), dx);
   return dx;
 }
 
@@ -324,7 +384,7 @@ Tensor MLP::backward_impl(const Tensor& dy) {
   release_saved();
   dh = Tensor();
   Tensor dx = gate_proj_.backward(dgate);  // (B,T,D)
-  ops::add(dx, up_proj_.backward(dup), dx);
+  up_proj_.backward_add(dup, dx);          // summed by the GEMM (beta = 1)
   return dx;
 }
 
@@ -342,9 +402,8 @@ Tensor DecoderLayer::forward_impl(const Tensor& x) {
   // The branch outputs are fresh tensors nobody saved, so the residual sums
   // are written into them in place. x itself is never written: the caller
   // (or recomputation) may still hold it.
-  Tensor h = self_attn_.forward(input_layernorm_.forward(x));  // (B,T,D)
-  ops::add(x, h, h);
-  Tensor y = mlp_.forward(post_attention_layernorm_.forward(h));  // (B,T,D)
+  Tensor h = self_attn_.forward(input_layernorm_.forward(x));            // (B,T,D)
+  Tensor y = mlp_.forward(post_attention_layernorm_.forward_add(x, h));  // (B,T,D); h = x + h
   ops::add(h, y, y);
   return y;
 }
@@ -352,19 +411,16 @@ Tensor DecoderLayer::forward_impl(const Tensor& x) {
 Tensor DecoderLayer::forward_cached(const Tensor& x, const AttentionCache& cache, int64_t start) {
   // forward_impl's residual sums, with the cached attention.
   Tensor h = self_attn_.forward_cached(input_layernorm_.forward(x), cache, start);  // (1,n,D)
-  ops::add(x, h, h);
-  Tensor y = mlp_.forward(post_attention_layernorm_.forward(h));  // (1,n,D)
+  Tensor y = mlp_.forward(post_attention_layernorm_.forward_add(x, h));             // (1,n,D); h = x + h
   ops::add(h, y, y);
   return y;
 }
 
 Tensor DecoderLayer::backward_impl(const Tensor& dy) {
-  // Residual: the gradient reaching a block's input is dy + d(branch).
-  Tensor dh = post_attention_layernorm_.backward(mlp_.backward(dy));  // (B,T,D)
-  ops::add(dy, dh, dh);
-  Tensor dx = input_layernorm_.backward(self_attn_.backward(dh));  // (B,T,D)
-  ops::add(dh, dx, dx);
-  return dx;
+  // Residual: the gradient reaching a block's input is dy + d(branch), added
+  // by the norm's backward in the same pass.
+  Tensor dh = post_attention_layernorm_.backward_add(mlp_.backward(dy), dy);  // (B,T,D)
+  return input_layernorm_.backward_add(self_attn_.backward(dh), dh);          // (B,T,D)
 }
 
 // --- ReLU ------------------------------------------------------------------------------

@@ -36,6 +36,10 @@ class Linear : public Module {
   Parameter* bias() { return bias_; }
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
+  /// dx += backward(dy), with the input gradient summed into dx by the GEMM
+  /// itself (beta = 1: no temporary, no separate add pass). dx has the input's
+  /// shape. A module with hooks or a wrapper runs backward() and an add.
+  void backward_add(const Tensor& dy, const Tensor& dx);
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -46,6 +50,8 @@ class Linear : public Module {
   // A column of ones [N, 1] (F32): the bias is added and reduced through gemm,
   // which every backend has.
   const Tensor& ones(int64_t rows, Device device);
+  // dW += dy^T x (and db); then dx = dy W + beta * dx; then drops x_.
+  void backward_into(const Tensor& dy, const Tensor& dx, float beta);
 
   int64_t in_ = 0;
   int64_t out_ = 0;
@@ -81,6 +87,13 @@ class RMSNorm : public Module {
   RMSNorm(int64_t dim, double eps);
   std::string_view type_name() const override { return "RMSNorm"; }
   Parameter& weight() { return *weight_; }
+  /// The residual add before a pre-norm, fused with it: h = x + delta is
+  /// written into `delta` (a branch output its caller owns and no one saved)
+  /// and forward(h) is returned, bit-identical to add(x, delta, delta) then
+  /// forward(delta). A module with hooks or a wrapper runs exactly that chain.
+  Tensor forward_add(const Tensor& x, const Tensor& delta);
+  /// backward(dy) + residual, fused the same way (bit-identical to the chain).
+  Tensor backward_add(const Tensor& dy, const Tensor& residual);
 
  protected:
   Tensor forward_impl(const Tensor& x) override;

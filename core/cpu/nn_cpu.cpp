@@ -218,31 +218,150 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& 
 
 // ---------------------------------------------------------------- RMSNorm
 
+namespace {
+
+// One row of RMSNorm: o = (x * rstd) * w in Hugging Face's order, returning
+// rstd. o may be xr (element i is read before it is written). Shared by the
+// plain and the fused forward so the two round identically.
+float rmsnorm_row(const float* xr, const float* w, int64_t d, float eps, float* o) {
+  const float inv_d = 1.0f / static_cast<float>(d);
+  const float mean_sq = vec::lane_sum(d, [xr](int64_t i) { return xr[i] * xr[i]; }) * inv_d;
+  const float r_std = 1.0f / std::sqrt(mean_sq + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) o[i] = xr[i] * r_std * w[i];
+  return r_std;
+}
+
+// Rounds v to what a store into `dtype` and a load back give: the value a
+// following op would read from the stored tensor.
+void round_through(DType dtype, float* v, int64_t n) {
+  if (dtype == DType::F32) return;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) v[i] = vec::widen(vec::narrow(v[i]));
+}
+
+}  // namespace
+
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& out, const Tensor& rstd) {
   const int64_t d = weight.numel();
   const int64_t rows = x.numel() / d;
   const float* w = load(weight, 0, d, call_scratch(0, d));  // (D)
   float* rs = rstd.data<float>();                           // (N)
-  const float inv_d = 1.0f / static_cast<float>(d);
   parallel_for(rows, row_grain(d), [&](int64_t begin, int64_t end) {
     float* x_buf = block_scratch(0, d);    // (D)
     float* out_buf = block_scratch(1, d);  // (D)
     for (int64_t r = begin; r < end; ++r) {
       const float* xr = load(x, r * d, d, x_buf);
-      const float mean_sq = vec::lane_sum(d, [xr](int64_t i) { return xr[i] * xr[i]; }) * inv_d;
-      const float r_std = 1.0f / std::sqrt(mean_sq + eps);
-      rs[r] = r_std;
-      float* o = output(out, r * d, out_buf);  // may be xr: element i is read before it is written
-                                               // (x * rstd) * weight, in Hugging Face's order.
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) o[i] = xr[i] * r_std * w[i];
+      float* o = output(out, r * d, out_buf);  // may be xr
+      rs[r] = rmsnorm_row(xr, w, d, eps, o);
       commit(o, out, r * d, d);
     }
   });
 }
 
-void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
-                      const Tensor& dweight) {
+namespace {
+
+// Stores h = x + delta for n elements from `offset`, rounded once to h's
+// dtype, and returns those stored values as F32 (h's own memory when F32,
+// else `hv`). Operands of one dtype take one loop; mixed ones go through
+// the widened buffers xb and db.
+const float* add_row(const Tensor& x, const Tensor& delta, const Tensor& h, int64_t offset, int64_t n, float* xb,
+                     float* db, float* hv) {
+  const DType t = h.dtype();
+  if (x.dtype() == t && delta.dtype() == t && t == DType::F32) {
+    const float* xp = x.data<float>() + offset;
+    const float* dp = delta.data<float>() + offset;
+    float* hp = h.data<float>() + offset;  // may be xp or dp: element i is read before it is written
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) hp[i] = xp[i] + dp[i];
+    return hp;
+  }
+  if (x.dtype() == t && delta.dtype() == t) {
+    const BFloat16* xp = x.data<BFloat16>() + offset;
+    const BFloat16* dp = delta.data<BFloat16>() + offset;
+    BFloat16* hp = h.data<BFloat16>() + offset;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t bits = vec::narrow(vec::widen(xp[i].bits) + vec::widen(dp[i].bits));
+      hp[i].bits = bits;
+      hv[i] = vec::widen(bits);
+    }
+    return hv;
+  }
+  const float* xr = load(x, offset, n, xb);
+  const float* dr = load(delta, offset, n, db);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) hv[i] = xr[i] + dr[i];
+  round_through(t, hv, n);
+  commit(hv, h, offset, n);
+  return hv;
+}
+
+}  // namespace
+
+void add_rmsnorm_forward(const Tensor& x, const Tensor& delta, const Tensor& weight, float eps, const Tensor& h,
+                         const Tensor& out, const Tensor& rstd) {
+  const int64_t d = weight.numel();
+  const int64_t rows = x.numel() / d;
+  const float* w = load(weight, 0, d, call_scratch(0, d));  // (D)
+  float* rs = rstd.data<float>();                           // (N)
+  parallel_for(rows, row_grain(d), [&](int64_t begin, int64_t end) {
+    float* x_buf = block_scratch(0, d);      // (D)
+    float* delta_buf = block_scratch(1, d);  // (D)
+    float* h_buf = block_scratch(2, d);      // (D) h as stored, widened
+    float* out_buf = block_scratch(3, d);    // (D)
+    for (int64_t r = begin; r < end; ++r) {
+      // The norm reads h as stored, as rmsnorm_forward(h) would.
+      const float* hr = add_row(x, delta, h, r * d, d, x_buf, delta_buf, h_buf);
+      float* o = output(out, r * d, out_buf);
+      rs[r] = rmsnorm_row(hr, w, d, eps, o);
+      commit(o, out, r * d, d);
+    }
+  });
+}
+
+namespace {
+
+// The work of rmsnorm_backward over rows [begin, end), with dweight's partial
+// sum added into dw. With a residual, dx = round(round(g) + residual): the
+// rounding of the unfused rmsnorm_backward then add.
+void rmsnorm_backward_rows(const Tensor& dout, const Tensor& x, const float* w, const float* rs, const Tensor* residual,
+                           const Tensor& dx, float* dw, int64_t d, int64_t begin, int64_t end) {
+  float* dy_buf = block_scratch(0, d);   // (D)
+  float* x_buf = block_scratch(1, d);    // (D)
+  float* dx_buf = block_scratch(2, d);   // (D)
+  float* res_buf = block_scratch(3, d);  // (D)
+  const float inv_d = 1.0f / static_cast<float>(d);
+  for (int64_t r = begin; r < end; ++r) {
+    const float* dy = load(dout, r * d, d, dy_buf);
+    const float* xr = load(x, r * d, d, x_buf);
+    const float r_std = rs[r];
+    // y = x * r * w with r = (mean(x^2) + eps)^(-1/2), dr/dx_i = -r^3 x_i / D:
+    // dx_i = r w_i dy_i - r^3 / D * x_i * sum_j(dy_j w_j x_j).
+    const float dot = vec::lane_sum(d, [dy, w, xr](int64_t i) { return dy[i] * w[i] * xr[i]; });
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) dw[i] += dy[i] * (xr[i] * r_std);
+    const float c = r_std * r_std * r_std * dot * inv_d;
+    float* g = output(dx, r * d, dx_buf);  // may be dy, xr or res: element i is read before it is written
+    if (residual == nullptr) {
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) g[i] = dy[i] * w[i] * r_std - c * xr[i];
+    } else if (dx.dtype() == DType::F32) {
+      const float* res = load(*residual, r * d, d, res_buf);
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) g[i] = (dy[i] * w[i] * r_std - c * xr[i]) + res[i];
+    } else {
+      // round(round(g) + residual): the rounding of rmsnorm_backward, then add.
+      const float* res = load(*residual, r * d, d, res_buf);
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) g[i] = vec::widen(vec::narrow(dy[i] * w[i] * r_std - c * xr[i])) + res[i];
+    }
+    commit(g, dx, r * d, d);
+  }
+}
+
+void rmsnorm_backward_impl(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                           const Tensor* residual, const Tensor& dx, const Tensor& dweight) {
   const int64_t d = weight.numel();
   const int64_t rows = x.numel() / d;
   const int64_t grain = row_grain(d);
@@ -250,32 +369,26 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
   const float* w = load(weight, 0, d, call_scratch(0, d));             // (D)
   float* partial = call_scratch(1, std::max<int64_t>(blocks, 1) * d);  // (blocks, D) dweight of each block
   const float* rs = rstd.data<float>();                                // (N)
-  const float inv_d = 1.0f / static_cast<float>(d);
   parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
-    float* dy_buf = block_scratch(0, d);  // (D)
-    float* x_buf = block_scratch(1, d);   // (D)
-    float* dx_buf = block_scratch(2, d);  // (D)
     float* dw = partial + (begin / grain) * d;
     std::fill_n(dw, d, 0.0f);
-    for (int64_t r = begin; r < end; ++r) {
-      const float* dy = load(dout, r * d, d, dy_buf);
-      const float* xr = load(x, r * d, d, x_buf);
-      const float r_std = rs[r];
-      // y = x * r * w with r = (mean(x^2) + eps)^(-1/2), dr/dx_i = -r^3 x_i / D:
-      // dx_i = r w_i dy_i - r^3 / D * x_i * sum_j(dy_j w_j x_j).
-      const float dot = vec::lane_sum(d, [dy, w, xr](int64_t i) { return dy[i] * w[i] * xr[i]; });
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) dw[i] += dy[i] * (xr[i] * r_std);
-      const float c = r_std * r_std * r_std * dot * inv_d;
-      float* g = output(dx, r * d, dx_buf);  // may be dy or xr: element i is read before it is written
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) g[i] = dy[i] * w[i] * r_std - c * xr[i];
-      commit(g, dx, r * d, d);
-    }
+    rmsnorm_backward_rows(dout, x, w, rs, residual, dx, dw, d, begin, end);
   });
   // The blocks' partial sums, in block order.
   for (int64_t blk = 1; blk < blocks; ++blk) add_into(partial, partial + blk * d, d);
   if (blocks > 0) accumulate(partial, dweight, 0, d);
+}
+
+}  // namespace
+
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
+                      const Tensor& dweight) {
+  rmsnorm_backward_impl(dout, x, weight, rstd, nullptr, dx, dweight);
+}
+
+void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                          const Tensor& residual, const Tensor& dx, const Tensor& dweight) {
+  rmsnorm_backward_impl(dout, x, weight, rstd, &residual, dx, dweight);
 }
 
 // ---------------------------------------------------------------- RoPE

@@ -13,6 +13,10 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& out, const Tensor& rstd);
 void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
                       const Tensor& dweight);
+void add_rmsnorm_forward(const Tensor& x, const Tensor& delta, const Tensor& weight, float eps, const Tensor& h,
+                         const Tensor& out, const Tensor& rstd);
+void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                          const Tensor& residual, const Tensor& dx, const Tensor& dweight);
 
 void rope_tables(int64_t seq_len, int64_t head_dim, double theta, const Tensor& cos, const Tensor& sin);
 void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin);

@@ -50,8 +50,8 @@ TOP_OPS = 8
 # The names core/ops.cpp, core/ops_nn.cpp and the trainer give to profile::op.
 OP_NAMES = {
     "gemm", "add", "scale", "axpy", "cast", "sum of squares", "fill", "embedding forward", "embedding backward",
-    "rmsnorm forward", "rmsnorm backward", "rope tables", "rope forward", "rope backward", "attention forward",
-    "attention backward", "swiglu forward", "swiglu backward", "relu forward", "relu backward",
+    "rmsnorm forward", "rmsnorm backward", "add+rmsnorm forward", "rmsnorm+add backward", "rope tables",
+    "rope forward", "rope backward", "attention forward", "attention backward", "swiglu forward", "swiglu backward", "relu forward", "relu backward",
     "cross-entropy loss", "mse loss", "optimizer update",
 }
 

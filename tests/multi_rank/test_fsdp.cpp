@@ -22,6 +22,7 @@
 #include "core/comm.h"
 #include "core/log.h"
 #include "core/ops.h"
+#include "core/profile.h"
 #include "dataset/dataset.h"
 #include "fsdp/fsdp.h"
 #include "launch/config.h"
@@ -306,6 +307,41 @@ TEST(ShardedModel, MicroBatchingDoesNotChangeTheGradient) {
   if (world.rank() == 0) {
     std::printf("world %d micro-batch 1x4 vs 4x1: max abs grad diff %.2e (max |g| %.2e)\n", world.size(), diff, scale);
   }
+}
+
+// --- the gradient cast ---------------------------------------------------------------------
+
+// Calls of `name` in one forward_backward of `h`.
+double calls_in_step(Harness& h, const char* name) {
+  profile::Profiler p;
+  const profile::Profiler::Scope scope(&p);
+  p.step_begin(1);
+  h.forward_backward();
+  const profile::StepProfile& s = p.step_end();
+  for (const profile::OpTime& o : s.op_times) {
+    if (std::string(o.name) == name) return o.calls;
+  }
+  return 0;
+}
+
+// Alone (a group of one), BF16 gradients bound for an F32 reduction take no
+// cast pass: the shard's axpy widens them, exactly. So the run with F32
+// reduction casts no more than the one with BF16 reduction (which never
+// casts gradients) and ends with the same gradient shards bit for bit.
+TEST(ShardedModel, AloneBf16GradientsAreWidenedWithoutACastPass) {
+  std::unique_ptr<ProcessGroup> local = make_local_group();
+  Config f32_reduce = tiny_config(ShardingStrategy::FullShard);
+  f32_reduce.fsdp.mixed_precision.param_dtype = DType::BF16;
+  f32_reduce.train.global_batch_size = 4;
+  f32_reduce.train.micro_batch_size = 2;  // two micro-batches: the shard accumulates twice
+  Config bf16_reduce = f32_reduce;
+  bf16_reduce.fsdp.mixed_precision.reduce_dtype = DType::BF16;
+  Harness a(f32_reduce, *local), b(bf16_reduce, *local);
+  const double casts_a = calls_in_step(a, "cast");
+  const double casts_b = calls_in_step(b, "cast");
+  EXPECT_EQ(casts_a, casts_b) << "F32 reduction alone should add no gradient casts";
+  EXPECT_GT(casts_a, 0.0) << "the BF16 weights are still cast from the F32 master";
+  EXPECT_EQ(differing_bytes(grad_shards(a.sharded()), grad_shards(b.sharded())), 0);
 }
 
 // --- memory --------------------------------------------------------------------------------

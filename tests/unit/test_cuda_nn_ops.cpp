@@ -334,6 +334,40 @@ TEST(CudaRmsNorm, DxMayAliasDout) {
   expect_close("rmsnorm_backward dweight (dx over dout)", dw_gpu, dw_cpu);
 }
 
+// The residual add fused with RMSNorm (forward) and its gradient (backward):
+// CUDA runs the unfused chain, which must match the CPU's fused op, also with
+// h over delta and dx over the residual.
+TEST(CudaRmsNorm, FusedResidualOpsMatchCpu) {
+  if (st::cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  uint32_t seed = 580;
+  for (const RmsCase& c : kRmsCases) {
+    for (const RmsDtypes& t : kRmsDtypes) {
+      const int64_t d = c.x.back();
+      const int64_t rows = st::shape_numel(c.x) / d;
+      const Tensor x = random_tensor(c.x, t.x, ++seed, 2.0f);
+      const Tensor delta = random_tensor(c.x, t.x, ++seed);
+      const Tensor w = random_tensor({d}, t.w, ++seed);
+      const Tensor h_cpu = delta.clone(), out_cpu = Tensor::zeros(c.x, t.out);
+      const Tensor rstd = Tensor::zeros({rows}, DType::F32);
+      st::ops::add_rmsnorm_forward(x, h_cpu, w, c.eps, h_cpu, out_cpu, rstd);
+      const Tensor h_gpu = gpu(delta), out_gpu = Tensor::zeros(c.x, t.out, kGpu);
+      st::ops::add_rmsnorm_forward(gpu(x), h_gpu, gpu(w), c.eps, h_gpu, out_gpu,
+                                   Tensor::zeros({rows}, DType::F32, kGpu));
+      expect_close(rms_name("add_rmsnorm_forward h", c, t), h_gpu, h_cpu);
+      expect_close(rms_name("add_rmsnorm_forward out", c, t), out_gpu, out_cpu);
+
+      const Tensor dout = random_tensor(c.x, t.out, ++seed);
+      const Tensor res = random_tensor(c.x, t.x, ++seed);
+      const Tensor dx_cpu = res.clone(), dw_cpu = Tensor::zeros({d}, t.w);
+      st::ops::rmsnorm_backward_add(dout, h_cpu, w, rstd, dx_cpu, dx_cpu, dw_cpu);
+      const Tensor dx_gpu = gpu(res), dw_gpu = Tensor::zeros({d}, t.w, kGpu);
+      st::ops::rmsnorm_backward_add(gpu(dout), gpu(h_cpu), gpu(w), gpu(rstd), dx_gpu, dx_gpu, dw_gpu);
+      expect_close(rms_name("rmsnorm_backward_add dx", c, t), dx_gpu, dx_cpu);
+      expect_close(rms_name("rmsnorm_backward_add dweight", c, t), dw_gpu, dw_cpu);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- RoPE
 
 TEST(CudaRope, TablesMatchCpu) {

@@ -436,6 +436,107 @@ TEST(RmsNorm, ShapeMismatchNamesBothShapes) {
   EXPECT_TRUE(contains(msg, "[6, 7]") && contains(msg, "[7, 6]")) << msg;
 }
 
+// ---------------------------------------------------------------- residual add + RMSNorm
+
+// Shapes of the fused ops' tests: tiny, a width with a vector remainder, and
+// m8's width over enough rows for several parallel blocks.
+struct NormDims {
+  int64_t n, d;
+};
+constexpr NormDims kNormDims[] = {{7, 6}, {9, 37}, {70, 288}};
+
+TEST(AddRmsNorm, ForwardBitIdenticalToAddThenRmsNorm) {
+  for (const NormDims& dims : kNormDims) {
+    for (DType t : {DType::F32, DType::BF16}) {
+      for (DType wt : {t, DType::F32}) {
+        const int64_t n = dims.n, d = dims.d;
+        Tensor x = make(as_stored(random_floats(n * d, 30, 2.0f), t), {n, d}, t);
+        Tensor delta = make(as_stored(random_floats(n * d, 31), t), {n, d}, t);
+        Tensor w = make(as_stored(random_floats(d, 32), wt), {d}, wt);
+        // The chain: h = x + delta in place, then the norm of h.
+        Tensor h_ref = delta.clone(), out_ref = Tensor::zeros({n, d}, t), rstd_ref = Tensor::zeros({n}, DType::F32);
+        st::ops::add(x, h_ref, h_ref);
+        st::ops::rmsnorm_forward(h_ref, w, kEps, out_ref, rstd_ref);
+        // Fused into a separate h, and in place over delta as DecoderLayer does.
+        Tensor h = Tensor::full({n, d}, std::nan(""), t), out = Tensor::zeros({n, d}, t);
+        Tensor rstd = Tensor::zeros({n}, DType::F32);
+        st::ops::add_rmsnorm_forward(x, delta, w, kEps, h, out, rstd);
+        expect_bitwise_equal("fused h", h, h_ref);
+        expect_bitwise_equal("fused out", out, out_ref);
+        expect_bitwise_equal("fused rstd", rstd, rstd_ref);
+        Tensor in_place = delta.clone(), out2 = Tensor::zeros({n, d}, t);
+        st::ops::add_rmsnorm_forward(x, in_place, w, kEps, in_place, out2, rstd);
+        expect_bitwise_equal("fused h in place", in_place, h_ref);
+        expect_bitwise_equal("fused out (h in place)", out2, out_ref);
+      }
+    }
+  }
+}
+
+TEST(AddRmsNorm, BackwardBitIdenticalToRmsNormBackwardThenAdd) {
+  for (const NormDims& dims : kNormDims) {
+    for (DType t : {DType::F32, DType::BF16}) {
+      const int64_t n = dims.n, d = dims.d;
+      Tensor x = make(as_stored(random_floats(n * d, 33, 2.0f), t), {n, d}, t);
+      Tensor w = make(as_stored(random_floats(d, 34), t), {d}, t);
+      Tensor g = make(as_stored(random_floats(n * d, 35), t), {n, d}, t);
+      Tensor res = make(as_stored(random_floats(n * d, 36), t), {n, d}, t);
+      const auto prefill = as_stored(random_floats(d, 37), t);
+      Tensor out = Tensor::zeros({n, d}, t), rstd = Tensor::zeros({n}, DType::F32);
+      st::ops::rmsnorm_forward(x, w, kEps, out, rstd);
+      // The chain: dx = rmsnorm_backward, then dx = residual + dx.
+      Tensor dx_ref = Tensor::zeros({n, d}, t), dw_ref = make(prefill, {d}, t);
+      st::ops::rmsnorm_backward(g, x, w, rstd, dx_ref, dw_ref);
+      st::ops::add(res, dx_ref, dx_ref);
+      Tensor dx = Tensor::full({n, d}, std::nan(""), t), dw = make(prefill, {d}, t);
+      st::ops::rmsnorm_backward_add(g, x, w, rstd, res, dx, dw);
+      expect_bitwise_equal("fused dx", dx, dx_ref);
+      expect_bitwise_equal("fused dweight", dw, dw_ref);
+      // dx may be the residual itself.
+      Tensor in_place = res.clone(), dw2 = make(prefill, {d}, t);
+      st::ops::rmsnorm_backward_add(g, x, w, rstd, in_place, in_place, dw2);
+      expect_bitwise_equal("fused dx in place", in_place, dx_ref);
+      expect_bitwise_equal("fused dweight (dx in place)", dw2, dw_ref);
+    }
+  }
+}
+
+TEST(AddRmsNorm, Bf16MatchesF32) {
+  // The fused BF16 ops against the fused F32 ones on the same BF16 values:
+  // each stored output within one BF16 ulp (h and out are normalised from
+  // the rounded h, so out follows h's rounding).
+  const int64_t n = 9, d = 37;
+  const auto x = as_stored(random_floats(n * d, 38), DType::BF16);
+  const auto delta = as_stored(random_floats(n * d, 39), DType::BF16);
+  const auto w = as_stored(random_floats(d, 40), DType::BF16);
+  Tensor h[2], out[2];
+  const DType dtypes[2] = {DType::F32, DType::BF16};
+  for (int i = 0; i < 2; ++i) {
+    const DType t = dtypes[i];
+    h[i] = Tensor::zeros({n, d}, t);
+    out[i] = Tensor::zeros({n, d}, t);
+    Tensor rstd = Tensor::zeros({n}, DType::F32);
+    st::ops::add_rmsnorm_forward(make(x, {n, d}, t), make(delta, {n, d}, t), make(w, {d}, t), kEps, h[i], out[i], rstd);
+  }
+  expect_bf16_matches("fused h", h[1], h[0]);
+  // out[1] is the norm of the rounded h: compare with F32's norm of that h.
+  Tensor out_of_rounded = Tensor::zeros({n, d}, DType::F32), rstd = Tensor::zeros({n}, DType::F32);
+  st::ops::rmsnorm_forward(st::ops::cast(h[1], DType::F32), make(w, {d}), kEps, out_of_rounded, rstd);
+  expect_bf16_matches("fused out", out[1], out_of_rounded);
+}
+
+TEST(AddRmsNorm, OverlappingOutputIsNamed) {
+  const int64_t n = 7, d = 6;
+  Tensor x = Tensor::zeros({n, d}, DType::F32), h = Tensor::zeros({n, d}, DType::F32);
+  Tensor w = Tensor::zeros({d}, DType::F32), rstd = Tensor::zeros({n}, DType::F32);
+  std::string msg = error_of([&] { st::ops::add_rmsnorm_forward(x, x, w, kEps, h, h, rstd); });
+  EXPECT_TRUE(contains(msg, "add_rmsnorm_forward: out") && contains(msg, "it must be a separate buffer")) << msg;
+  msg = error_of([&] {
+    st::ops::rmsnorm_backward_add(x, x, w, rstd, Tensor::zeros({n, d + 1}, DType::F32), h, w.clone());
+  });
+  EXPECT_TRUE(contains(msg, "rmsnorm_backward_add: residual has shape [7, 7]")) << msg;
+}
+
 // ---------------------------------------------------------------- RoPE
 
 struct RopeTables {

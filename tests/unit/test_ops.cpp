@@ -237,6 +237,43 @@ TEST(GemmShapes, LeadingDimensionsAreFlattened) {
   }
 }
 
+TEST(GemmShapes, BetaOneAddsTheRoundedProductOnce) {
+  // Linear::backward_add sums parallel projections' input gradients with
+  // beta = 1. In F32 that must be bit-identical to the product then an add
+  // (oneDNN's sum post-op adds c to the finished F32 accumulator), so F32
+  // training is unchanged; in BF16 the sum is rounded once instead of twice.
+  // Without oneDNN (Eigen) F32 is close, not exact (below).
+  // Shapes of m8's backward: dy [N, F] @ W [F, D] and dy [N, D] @ W [D, D].
+  for (const auto& [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{512, 768, 288}, {512, 288, 288}, {7, 5, 3}}) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      Tensor a = Tensor::from_floats(as_stored(random_floats(m * k, 41), dtype), {m, k}, dtype);
+      Tensor b = Tensor::from_floats(as_stored(random_floats(k * n, 42), dtype), {k, n}, dtype);
+      const std::vector<float> c_old = as_stored(random_floats(m * n, 43), dtype);
+      Tensor fused = Tensor::from_floats(c_old, {m, n}, dtype);
+      st::ops::gemm(a, Transpose::No, b, Transpose::No, fused, 1.0f, 1.0f);
+      Tensor product = Tensor::zeros({m, n}, DType::F32);  // unrounded F32 product
+      st::ops::gemm(a, Transpose::No, b, Transpose::No, product);
+      const std::vector<float> got = fused.to_floats(), p = product.to_floats();
+      int64_t wrong = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float want = as_stored({p[i] + c_old[i]}, dtype)[0];
+        // F32 through oneDNN: exact. Eigen adds c into its accumulator
+        // between blocks of K, so without oneDNN allow a few F32 ulps. BF16:
+        // the kernel's own accumulation order may differ from the F32-output
+        // product's, so allow one BF16 ulp.
+#ifdef ST_WITH_DNNL
+        const float f32_tol = 0.0f;
+#else
+        const float f32_tol = (std::fabs(want) + std::sqrt(static_cast<float>(k))) * 0x1p-18f;
+#endif
+        const float tol = dtype == DType::F32 ? f32_tol : std::fabs(want) * 0x1p-7f;
+        if (std::fabs(got[i] - want) > tol) ++wrong;
+      }
+      EXPECT_EQ(wrong, 0) << m << "x" << k << "x" << n << " " << st::dtype_name(dtype);
+    }
+  }
+}
+
 TEST(GemmShapes, EmptyInnerDimensionLeavesBetaTerm) {
   Tensor a = Tensor::empty({3, 0}, DType::F32);
   Tensor b = Tensor::empty({0, 2}, DType::BF16);
