@@ -175,7 +175,7 @@ for item in "${per_model[@]}"; do
   read -r what value <<<"$item"
   if [[ $value =~ ^([A-Za-z0-9_.-]+)=([0-9]+)$ ]]; then
     targets=("${BASH_REMATCH[1]}") value=${BASH_REMATCH[2]}
-    [[ -f bench/configs/${targets[0]}.yaml ]] || { echo "cpu_bench.sh: --$what $value: no bench/configs/${targets[0]}.yaml" >&2; exit 2; }
+    [[ -f bench/configs/${targets[0]}.yaml ]] || { echo "cpu_bench.sh: --$what ${targets[0]}=$value: no bench/configs/${targets[0]}.yaml" >&2; exit 2; }
     [[ -n ${FLOPS[${targets[0]}]:-} ]] || continue  # a model this run leaves out (--steps-stories with --models m8)
   elif [[ $value =~ ^[0-9]+$ ]]; then
     targets=("${models[@]}")
