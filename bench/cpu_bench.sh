@@ -15,11 +15,14 @@
 # The size sweep (--sweep): m8, stories15m, stories42m, stories110m (llama2.c's
 # shapes; every model 2,048 tokens per step, one micro-batch of 1,024 tokens
 # per rank) at 2 ranks only, F32 and BF16, recomputation none and full, ours and
-# the peer. Rough wall time on the 2-core AMD EPYC kind: ~22 min (small models
-# 2 rounds, large ones 1; one round of the large two ~13 min, most of it the
-# peer's F32 runs), estimated from single rough steps on a shared machine, not
-# measured end to end; the script prints its own estimate after round 1.
-#
+# the peer at 2 threads; small models 2 rounds, stories42m and stories110m 1
+# round of 1 warm-up + 2 timed steps. Wall time on the 2-core AMD EPYC kind,
+# with OpenBLAS and a quiet machine: about 20 min (round 1 ~16 min, of which
+# stories110m ~9 and mostly the peer's F32 runs at ~36 s a step; round 2 ~4),
+# an estimate from single steps on a shared machine (ours stories110m F32 ~12 s
+# a step, BF16 ~5-8 s), not a measured sweep; the script prints its own
+# estimate after round 1. To cut it: --steps stories110m=1, --repeats 1.
+
 # Every case runs --repeats times, interleaved (round 1 runs every case once,
 # then round 2, ...), so a burst of load from elsewhere hits all cases alike
 # instead of one. A run's figure is the median of its timed steps; the table
