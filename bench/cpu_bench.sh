@@ -462,8 +462,9 @@ flops = {m: info["flops_per_token"] for m, info in model_info.items()}  # metric
 
 def why(cases):
     """Why a case has no figure: its runs' reasons, once each (e.g. "timed out (> 300 s)")."""
-    reasons = list(dict.fromkeys(r.get("failed") or r.get("skipped") for r in cases
-                                 if "failed" in r or "skipped" in r))
+    # A run's own failure says more than a later round skipped because of it.
+    reasons = list(dict.fromkeys(r["failed"] for r in cases if "failed" in r)) or \
+        list(dict.fromkeys(r["skipped"] for r in cases if "skipped" in r))
     return "; ".join(reasons) if reasons else "FAILED"
 
 def fmt(s, cases):
