@@ -26,8 +26,14 @@ decoder layer (torch.utils.checkpoint, non-reentrant).
 
 It runs --warmup untimed steps, then times --steps steps one by one and
 prints one JSON line: tokens_per_s from the median step time, the fastest and
-slowest step as the spread, params, flops_per_token and the settings
+slowest step as the spread, params, flops_per_token, peak_rss_bytes (the
+process's peak resident memory, getrusage's ru_maxrss) and the settings
 (--json FILE writes it too).
+
+--max-memory GIB caps the process's data memory (RLIMIT_DATA, which counts
+every private writable mapping, so torch's tensors) before torch loads: a
+model that does not fit then fails with "out of memory" on stderr and exit
+status 3 instead of waking the kernel's OOM killer on a shared machine.
 
 --gemm-peak prints one JSON line per dtype with the GFLOP/s of
 torch.matmul on --size^3 (default 2048) at --threads: F32 operands (OpenBLAS)
@@ -39,6 +45,7 @@ layout's, as bench/gemm_peak.cpp reports ours.
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 
@@ -56,6 +63,8 @@ def parse_args():
                         help="sequences per forward/backward (default 0: the global batch, one pass per step)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--max-memory", type=float, default=0, metavar="GIB",
+                        help="cap the data memory (RLIMIT_DATA) at GIB GiB; 0 = no cap (default)")
     parser.add_argument("--json", default="", metavar="FILE", help="also write the JSON result line to FILE")
     parser.add_argument("--gemm-peak", action="store_true", help="measure torch.matmul GFLOP/s instead of training")
     parser.add_argument("--size", type=int, default=2048, help="--gemm-peak: M = N = K (default 2048)")
@@ -63,6 +72,8 @@ def parse_args():
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.threads < 0 or args.micro_batch < 0 or args.size < 1:
         parser.error("--steps and --size must be >= 1; --warmup, --threads and --micro-batch >= 0")
+    if args.max_memory < 0:
+        parser.error("--max-memory must be >= 0")
     if args.threads == 0:
         args.threads = len(os.sched_getaffinity(0))
     return args
@@ -74,6 +85,10 @@ ARGS = parse_args()
 # pthread pool at every core.
 os.environ["OMP_NUM_THREADS"] = str(ARGS.threads)
 os.environ["OPENBLAS_NUM_THREADS"] = str(ARGS.threads)
+# Before torch maps anything, so the cap holds for everything it allocates.
+if ARGS.max_memory > 0:
+    _cap = int(ARGS.max_memory * 2**30)
+    resource.setrlimit(resource.RLIMIT_DATA, (_cap, _cap))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -114,6 +129,11 @@ def emit(result, path):
     if path:
         with open(path, "w") as f:
             f.write(line + "\n")
+
+
+def peak_rss_bytes():
+    """This process's peak resident set size so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def median(values):
@@ -240,6 +260,7 @@ def train(args, config):
         "step_time_min_s": min(times),
         "step_time_max_s": max(times),
         "model_gflops": tokens / step_s * counts["flops_per_token"] / 1e9,
+        "peak_rss_bytes": peak_rss_bytes(),
         "warmup_steps": args.warmup,
         "timed_steps": args.steps,
         "first_loss": losses[0],
@@ -257,7 +278,16 @@ def main():
         gemm_peak(ARGS)
         return
     config = peer.load_config(ARGS.config, ARGS.set)
-    train(ARGS, config)
+    try:
+        train(ARGS, config)
+    except (MemoryError, RuntimeError) as e:
+        # torch's CPU allocator raises RuntimeError ("DefaultCPUAllocator: can't allocate memory ...").
+        if not isinstance(e, MemoryError) and "allocate" not in str(e):
+            raise
+        cap = f" (--max-memory {ARGS.max_memory:g} GiB)" if ARGS.max_memory > 0 else ""
+        print(f"torch_llama_cpu.py: out of memory{cap} after a peak RSS of {peak_rss_bytes() / 2**30:.2f} GiB: "
+              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":
