@@ -28,6 +28,7 @@
 
 #include <immintrin.h>
 
+#include "core/cpu/attention_tiles.h"
 #include "core/cpu/parallel.h"
 #include "core/cpu/vec.h"
 
@@ -48,9 +49,9 @@ bool bf16_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
 
 namespace {
 
-constexpr int64_t kTile = 64;  // query and key positions per tile
-constexpr int kMaxRows = 8;    // rows of c per micro-tile: 8 x 3 or 6 x 4 accumulators
-constexpr int kMaxVecs = 4;    // 16-float columns per micro-tile (32 vector registers in all)
+using attention::kTile;
+constexpr int kMaxRows = 8;  // rows of c per micro-tile: 8 x 3 or 6 x 4 accumulators
+constexpr int kMaxVecs = 4;  // 16-float columns per micro-tile (32 vector registers in all)
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -147,29 +148,16 @@ void dot(Bf16View a, int64_t m, Bf16View b, int64_t np, int64_t pairs, float* c,
 
 // ---------------------------------------------------------------- packing
 
-struct Dims {
-  int64_t batch, seq, heads, kv_heads, hd, group, tiles;
-  int64_t kv_seq;  // Tk
-  int64_t offset;  // Tk - Tq: the position of query 0
-  int64_t hde;     // hd rounded up to even: the k of products over hd
-  int64_t hdp;     // hd rounded up to 16: the n of products into hd columns
-  float scale;
+// A call's dimensions, and the padded widths of the products over hd.
+struct Dims : attention::Dims {
+  int64_t hde;  // hd rounded up to even: the k of products over hd
+  int64_t hdp;  // hd rounded up to 16: the n of products into hd columns
 };
 
 Dims dims_of(const Tensor& q, const Tensor& k) {
-  Dims d{};
-  d.batch = q.size(0);
-  d.seq = q.size(1);
-  d.heads = q.size(2);
-  d.hd = q.size(3);
-  d.kv_heads = k.size(2);
-  d.group = d.heads / d.kv_heads;
-  d.tiles = (d.seq + kTile - 1) / kTile;
-  d.kv_seq = k.size(1);
-  d.offset = d.kv_seq - d.seq;
+  Dims d{attention::dims_of(q, k), 0, 0};
   d.hde = round_up(d.hd, 2);
   d.hdp = round_up(d.hd, 16);
-  d.scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
   return d;
 }
 
@@ -252,8 +240,7 @@ void store_rows(const float* src, int64_t lds, const Tensor& x, int64_t b, int64
   }
 }
 
-// Keys of a tile starting at k0 that query position `pos` may see (causal).
-int64_t visible_keys(int64_t pos, int64_t k0, int64_t kn) { return std::clamp<int64_t>(pos - k0 + 1, 0, kn); }
+using attention::visible_keys;
 
 // A head's keys or values for all Tk positions, packed for the products:
 // `across` pairs along hd (b of Q K^T, dO V^T), `down` pairs along positions

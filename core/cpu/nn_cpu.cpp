@@ -30,6 +30,7 @@
 #include <Eigen/Core>
 
 #include "core/cpu/attention_bf16.h"
+#include "core/cpu/attention_tiles.h"
 #include "core/cpu/parallel.h"
 #include "core/cpu/vec.h"
 
@@ -495,29 +496,11 @@ void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin) {
 
 namespace {
 
-constexpr int64_t kTile = 64;
+using attention::kTile;
+using attention::visible_keys;
+using AttentionDims = attention::Dims;
 
-struct AttentionDims {
-  int64_t batch, seq, heads, kv_heads, hd, group, tiles;
-  int64_t kv_seq;  // Tk: key/value positions (== seq in a full pass and in backward)
-  int64_t offset;  // Tk - Tq: the position of query 0
-  float scale;
-};
-
-AttentionDims attention_dims(const Tensor& q, const Tensor& k) {
-  AttentionDims d{};
-  d.batch = q.size(0);
-  d.seq = q.size(1);
-  d.heads = q.size(2);
-  d.hd = q.size(3);
-  d.kv_heads = k.size(2);
-  d.group = d.heads / d.kv_heads;
-  d.tiles = (d.seq + kTile - 1) / kTile;
-  d.kv_seq = k.size(1);
-  d.offset = d.kv_seq - d.seq;
-  d.scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
-  return d;
-}
+AttentionDims attention_dims(const Tensor& q, const Tensor& k) { return attention::dims_of(q, k); }
 
 // Positions [t0, t0 + n) of head `head` of batch row b of x [B, T, heads, hd]
 // (T = x's own length: Tq for q, Tk for k and v) into dst (n, hd), as F32.
@@ -533,9 +516,6 @@ void scatter_rows(const float* src, const Tensor& x, int64_t b, int64_t head, in
   const int64_t seq = x.size(1);
   for (int64_t t = 0; t < n; ++t) commit(src + t * d.hd, x, ((b * seq + t0 + t) * heads + head) * d.hd, d.hd);
 }
-
-// Keys of a tile starting at k0 that query position `pos` may see (causal).
-int64_t visible_keys(int64_t pos, int64_t k0, int64_t kn) { return std::clamp<int64_t>(pos - k0 + 1, 0, kn); }
 
 // Row state of the online softmax for one query tile.
 struct OnlineRows {
