@@ -185,9 +185,12 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Ten
   }
 }
 
-void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
-                      const Tensor& dweight) {
-  const char* op = "rmsnorm_backward";
+namespace {
+
+// The checks of rmsnorm_backward, plus those of a residual added into dx
+// (rmsnorm_backward_add) when one is given; returns the operands' device.
+Device check_rmsnorm_backward(const char* op, const Tensor& dout, const Tensor& x, const Tensor& weight,
+                              const Tensor& rstd, const Tensor* residual, const Tensor& dx, const Tensor& dweight) {
   const Arg a_dout{"dout", dout}, a_x{"x", x}, a_w{"weight", weight}, a_rstd{"rstd", rstd}, a_dx{"dx", dx},
       a_dw{"dweight", dweight};
   check_rmsnorm_common(op, a_x, a_w, a_rstd);
@@ -202,7 +205,20 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
   check_no_overlap(op, a_dx, a_w);
   check_no_overlap(op, a_dx, a_rstd);
   for (const Arg& in : {a_dout, a_x, a_w, a_rstd, a_dx}) check_no_overlap(op, a_dw, in);
-  if (check_devices(op, {a_dout, a_x, a_w, a_rstd, a_dx, a_dw}).is_cpu()) {
+  if (residual == nullptr) return check_devices(op, {a_dout, a_x, a_w, a_rstd, a_dx, a_dw});
+  const Arg a_res{"residual", *residual};
+  check_float(op, a_res);
+  check_same_rows(op, a_res, a_x);
+  check_alias_ok(op, a_dx, a_res);
+  check_no_overlap(op, a_dw, a_res);
+  return check_devices(op, {a_dout, a_x, a_w, a_rstd, a_res, a_dx, a_dw});
+}
+
+}  // namespace
+
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
+                      const Tensor& dweight) {
+  if (check_rmsnorm_backward("rmsnorm_backward", dout, x, weight, rstd, nullptr, dx, dweight).is_cpu()) {
     profile::op(profile::Activity::Ops, "rmsnorm backward", 0,
                 [&] { cpu::rmsnorm_backward(dout, x, weight, rstd, dx, dweight); });
   } else {
@@ -239,22 +255,7 @@ void add_rmsnorm_forward(const Tensor& x, const Tensor& delta, const Tensor& wei
 
 void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                           const Tensor& residual, const Tensor& dx, const Tensor& dweight) {
-  const char* op = "rmsnorm_backward_add";
-  const Arg a_dout{"dout", dout}, a_x{"x", x}, a_w{"weight", weight}, a_rstd{"rstd", rstd}, a_res{"residual", residual},
-      a_dx{"dx", dx}, a_dw{"dweight", dweight};
-  check_rmsnorm_common(op, a_x, a_w, a_rstd);
-  for (const Arg& a : {a_dout, a_res, a_dx, a_dw}) check_float(op, a);
-  check_same_rows(op, a_dout, a_x);
-  check_same_rows(op, a_res, a_x);
-  check_same_rows(op, a_dx, a_x);
-  check_same_shape(op, a_dw, a_w);
-  check_alias_ok(op, a_dx, a_dout);
-  check_alias_ok(op, a_dx, a_x);
-  check_alias_ok(op, a_dx, a_res);
-  check_no_overlap(op, a_dx, a_w);
-  check_no_overlap(op, a_dx, a_rstd);
-  for (const Arg& in : {a_dout, a_x, a_w, a_rstd, a_res, a_dx}) check_no_overlap(op, a_dw, in);
-  if (check_devices(op, {a_dout, a_x, a_w, a_rstd, a_res, a_dx, a_dw}).is_cpu()) {
+  if (check_rmsnorm_backward("rmsnorm_backward_add", dout, x, weight, rstd, &residual, dx, dweight).is_cpu()) {
     profile::op(profile::Activity::Ops, "rmsnorm+add backward", 0,
                 [&] { cpu::rmsnorm_backward_add(dout, x, weight, rstd, residual, dx, dweight); });
   } else {

@@ -241,23 +241,31 @@ void round_through(DType dtype, float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) v[i] = vec::widen(vec::narrow(v[i]));
 }
 
-}  // namespace
-
-void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& out, const Tensor& rstd) {
+// RMSNorm of every row of width D into out and rstd; row(r) gives the input
+// row r as F32 (in block scratch slots 0-2). The plain and the fused forward
+// share this loop, so the two round identically.
+template <class Row>
+void rmsnorm_rows(int64_t rows, const Tensor& weight, float eps, const Tensor& out, const Tensor& rstd, Row row) {
   const int64_t d = weight.numel();
-  const int64_t rows = x.numel() / d;
   const float* w = load(weight, 0, d, call_scratch(0, d));  // (D)
   float* rs = rstd.data<float>();                           // (N)
   parallel_for(rows, row_grain(d), [&](int64_t begin, int64_t end) {
-    float* x_buf = block_scratch(0, d);    // (D)
-    float* out_buf = block_scratch(1, d);  // (D)
+    float* out_buf = block_scratch(3, d);  // (D)
     for (int64_t r = begin; r < end; ++r) {
-      const float* xr = load(x, r * d, d, x_buf);
+      const float* xr = row(r);
       float* o = output(out, r * d, out_buf);  // may be xr
       rs[r] = rmsnorm_row(xr, w, d, eps, o);
       commit(o, out, r * d, d);
     }
   });
+}
+
+}  // namespace
+
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& out, const Tensor& rstd) {
+  const int64_t d = weight.numel();
+  rmsnorm_rows(x.numel() / d, weight, eps, out, rstd,
+               [&](int64_t r) { return load(x, r * d, d, block_scratch(0, d)); });
 }
 
 namespace {
@@ -303,21 +311,9 @@ const float* add_row(const Tensor& x, const Tensor& delta, const Tensor& h, int6
 void add_rmsnorm_forward(const Tensor& x, const Tensor& delta, const Tensor& weight, float eps, const Tensor& h,
                          const Tensor& out, const Tensor& rstd) {
   const int64_t d = weight.numel();
-  const int64_t rows = x.numel() / d;
-  const float* w = load(weight, 0, d, call_scratch(0, d));  // (D)
-  float* rs = rstd.data<float>();                           // (N)
-  parallel_for(rows, row_grain(d), [&](int64_t begin, int64_t end) {
-    float* x_buf = block_scratch(0, d);      // (D)
-    float* delta_buf = block_scratch(1, d);  // (D)
-    float* h_buf = block_scratch(2, d);      // (D) h as stored, widened
-    float* out_buf = block_scratch(3, d);    // (D)
-    for (int64_t r = begin; r < end; ++r) {
-      // The norm reads h as stored, as rmsnorm_forward(h) would.
-      const float* hr = add_row(x, delta, h, r * d, d, x_buf, delta_buf, h_buf);
-      float* o = output(out, r * d, out_buf);
-      rs[r] = rmsnorm_row(hr, w, d, eps, o);
-      commit(o, out, r * d, d);
-    }
+  // The norm reads h as stored, as rmsnorm_forward(h) would.
+  rmsnorm_rows(x.numel() / d, weight, eps, out, rstd, [&](int64_t r) {
+    return add_row(x, delta, h, r * d, d, block_scratch(0, d), block_scratch(1, d), block_scratch(2, d));
   });
 }
 

@@ -435,8 +435,6 @@ std::vector<double> doubles(const Tensor& t) {
   return {f.begin(), f.end()};
 }
 
-Tensor as_f32(const Tensor& t) { return Tensor::from_floats(t.to_floats(), t.shape(), DType::F32); }
-
 // A BF16 forward on the GPU against the CPU's F32 forward on the same values
 // (Tq <= Tk), within the BF16 bound.
 void expect_forward_within_bound(const std::string& what, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -444,7 +442,8 @@ void expect_forward_within_bound(const std::string& what, const Tensor& q, const
   const st::test::AttnShape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), k.size(1)};
   const Tensor out = Tensor::zeros(q.shape(), DType::F32);
   const Tensor lse = Tensor::zeros({s.b, s.h, s.t}, DType::F32);
-  st::ops::attention_forward(as_f32(q), as_f32(k), as_f32(v), out, lse);
+  st::ops::attention_forward(st::ops::cast(q, DType::F32), st::ops::cast(k, DType::F32), st::ops::cast(v, DType::F32),
+                             out, lse);
   const st::test::AttnBounds bound = st::test::attention_bf16_bounds(
       doubles(q), doubles(k), doubles(v), std::vector<double>(static_cast<size_t>(q.numel()), 0.0), s);
   st::test::expect_within_bound((what + " out").c_str(), out_gpu.to(Device::cpu()), out, bound.out);
@@ -542,7 +541,9 @@ TEST(CudaAttention, BackwardMatchesCpu) {
         const Tensor dq32 = Tensor::zeros(q_shape, DType::F32);
         const Tensor dk32 = Tensor::zeros(kv_shape, DType::F32);
         const Tensor dv32 = Tensor::zeros(kv_shape, DType::F32);
-        st::ops::attention_backward(as_f32(dout), as_f32(q), as_f32(k), as_f32(v), as_f32(out), lse, dq32, dk32, dv32);
+        st::ops::attention_backward(st::ops::cast(dout, DType::F32), st::ops::cast(q, DType::F32),
+                                    st::ops::cast(k, DType::F32), st::ops::cast(v, DType::F32),
+                                    st::ops::cast(out, DType::F32), lse, dq32, dk32, dv32);
         const st::test::AttnBounds bound = st::test::attention_bf16_bounds(doubles(q), doubles(k), doubles(v),
                                                                            doubles(dout), {c.b, c.t, c.h, c.kv, c.hd});
         st::test::expect_within_bound(attn_name("attention_backward dq", c).c_str(), dq_gpu.to(Device::cpu()), dq32,
