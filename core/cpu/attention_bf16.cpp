@@ -29,6 +29,7 @@
 #include <immintrin.h>
 
 #include "core/cpu/attention_tiles.h"
+#include "core/cpu/isa.h"
 #include "core/cpu/parallel.h"
 #include "core/cpu/vec.h"
 
@@ -36,10 +37,7 @@
 
 namespace st::cpu {
 
-bool has_bf16_dot() {
-  static const bool has = __builtin_cpu_supports("avx512bf16") != 0;
-  return has;
-}
+bool has_bf16_dot() { return cpu_isa() >= CpuIsa::Avx512Bf16; }
 
 bool bf16_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* dout) {
   const bool operands = q.dtype() == DType::BF16 && k.dtype() == DType::BF16 && v.dtype() == DType::BF16 &&

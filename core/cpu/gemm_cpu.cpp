@@ -1,6 +1,13 @@
 // CPU GEMM: oneDNN's matmul when built with it (ST_WITH_DNNL), which picks
-// AVX-512, AVX512_BF16 or AMX at run time and multiplies BF16 operands
-// directly with F32 accumulation; Eigen otherwise, and as the reference.
+// AVX2, AVX-512, AVX512_BF16 or AMX at run time (capped by cpu_isa(), isa.h);
+// Eigen otherwise, and as the reference.
+//
+// BF16 operands: on a CPU with BF16 dot products (avx512_bf16 and up) oneDNN
+// multiplies them directly with F32 accumulation. Below that level they are
+// widened to F32 (exact) and multiplied by oneDNN's threaded F32 kernel, so a
+// BF16 run costs an F32 GEMM plus a pass over the operands, never more: the
+// alternatives there (Eigen, oneDNN's emulation) are single-threaded or slower
+// than F32. Mixed F32/BF16 operands take the same widened path.
 //
 // Both paths keep the contract of ops::gemm: F32 accumulation, c rounded once,
 // beta == 0 ignores c's old contents. oneDNN's result for a shape is fixed for
@@ -13,6 +20,7 @@
 
 #include <Eigen/Core>
 
+#include "core/cpu/isa.h"
 #include "core/cpu/ops_cpu.h"
 #include "core/cpu/parallel.h"
 #include "core/format.h"
@@ -33,6 +41,7 @@ using ops::Transpose;
 // step nothing is allocated. Not counted by cpu_allocator(), whose stats
 // describe tensors.
 float* gemm_scratch(size_t n) {
+  // (The bytes a GEMM of given shapes takes here: gemm_scratch_bytes().)
   struct Buffer {
     std::unique_ptr<float[]> data;
     size_t size = 0;
@@ -142,8 +151,30 @@ struct GemmKeyHash {
   }
 };
 
+// oneDNN's own ISA cap, set from cpu_isa() before its first kernel when
+// ST_MAX_CPU_ISA lowers the level (oneDNN accepts it only before then; its
+// ONEDNN_MAX_CPU_ISA variable keeps working when ours is not set).
+void cap_dnnl_isa() {
+  if (cpu_isa() == machine_cpu_isa()) return;
+  dnnl::cpu_isa cap = dnnl::cpu_isa::avx2;
+  switch (cpu_isa()) {
+    case CpuIsa::Avx2: cap = dnnl::cpu_isa::avx2; break;
+    case CpuIsa::Avx512: cap = dnnl::cpu_isa::avx512_core; break;
+    case CpuIsa::Avx512Bf16: cap = dnnl::cpu_isa::avx512_core_bf16; break;
+    case CpuIsa::Amx: cap = dnnl::cpu_isa::avx512_core_amx; break;
+  }
+  try {
+    dnnl::set_max_cpu_isa(cap);
+  } catch (const dnnl::error& e) {
+    ST_FAIL("oneDNN refused the instruction-set cap {}={}: {}", kMaxCpuIsaVariable, isa_name(cpu_isa()), e.what());
+  }
+}
+
 dnnl::engine& cpu_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine engine = [] {
+    cap_dnnl_isa();
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 
@@ -191,29 +222,84 @@ std::shared_ptr<const Matmul> cached_matmul(const GemmKey& key) {
   return it->second;
 }
 
+// Runs a cached primitive on raw pointers laid out as its descriptors say.
+void execute(const Matmul& matmul, const void* a, const void* b, void* c) {
+  thread_local dnnl::stream stream(cpu_engine());
+  dnnl::memory ma(matmul.pd.src_desc(), cpu_engine(), const_cast<void*>(a));
+  dnnl::memory mb(matmul.pd.weights_desc(), cpu_engine(), const_cast<void*>(b));
+  dnnl::memory mc(matmul.pd.dst_desc(), cpu_engine(), c);
+  matmul.primitive.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  stream.wait();
+}
+
+// Widens a BF16 operand into `dst` over the pool's threads (exact, so the
+// split does not matter).
+void widen_parallel(const BFloat16* src, float* dst, int64_t n) {
+  parallel_for(n, 65536, [&](int64_t begin, int64_t end) { widen_bf16(src + begin, dst + begin, end - begin); });
+}
+
+void narrow_parallel(const float* src, BFloat16* dst, int64_t n) {
+  parallel_for(n, 65536, [&](int64_t begin, int64_t end) { narrow_to_bf16(src + begin, dst + begin, end - begin); });
+}
+
+// Whether BF16 operands are multiplied as such (BF16 dot products) or widened.
+bool native_bf16() { return cpu_isa() >= CpuIsa::Avx512Bf16; }
+
+// The F32 GEMM of operands any of which may be BF16: those are widened into
+// the calling thread's scratch, c too when it is BF16 (then rounded once).
+void gemm_widened(const Tensor& a, bool a_t, const Tensor& b, bool b_t, const Tensor& c, int64_t m, int64_t n,
+                  int64_t k, float alpha, float beta) {
+  const GemmKey key{m, n, k, a_t, b_t, DType::F32, DType::F32, DType::F32, alpha, beta};
+  const std::shared_ptr<const Matmul> matmul = cached_matmul(key);
+  if (!matmul) {
+    gemm_eigen(a, a_t ? Transpose::Yes : Transpose::No, b, b_t ? Transpose::Yes : Transpose::No, c, m, n, k, alpha,
+               beta);
+    return;
+  }
+  const int64_t a_scratch = a.dtype() == DType::BF16 ? m * k : 0;
+  const int64_t b_scratch = b.dtype() == DType::BF16 ? k * n : 0;
+  const int64_t c_scratch = c.dtype() == DType::BF16 ? m * n : 0;
+  float* scratch = gemm_scratch(static_cast<size_t>(a_scratch + b_scratch + c_scratch));
+  const float* pa = a_scratch > 0 ? scratch : a.data<float>();
+  if (a_scratch > 0) widen_parallel(a.data<BFloat16>(), scratch, a_scratch);
+  const float* pb = b_scratch > 0 ? scratch + a_scratch : b.data<float>();
+  if (b_scratch > 0) widen_parallel(b.data<BFloat16>(), scratch + a_scratch, b_scratch);
+  float* pc = c_scratch > 0 ? scratch + a_scratch + b_scratch : c.data<float>();
+  if (c_scratch > 0 && beta != 0.0f) widen_parallel(c.data<BFloat16>(), pc, c_scratch);
+  execute(*matmul, pa, pb, pc);
+  if (c_scratch > 0) narrow_parallel(pc, c.data<BFloat16>(), c_scratch);
+}
+
 }  // namespace
 
 void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, const Tensor& c, int64_t m, int64_t n,
           int64_t k, float alpha, float beta) {
   if (m == 0 || n == 0) return;
-  // Operands of different dtypes (F32 with BF16) are multiplied in F32: the
-  // BF16 one is widened, which is exact.
-  if (k == 0 || a.dtype() != b.dtype()) {
+  if (k == 0) {
     gemm_eigen(a, ta, b, tb, c, m, n, k, alpha, beta);
     return;
   }
-  const GemmKey key{m, n, k, ta == Transpose::Yes, tb == Transpose::Yes, a.dtype(), b.dtype(), c.dtype(), alpha, beta};
+  const bool a_t = ta == Transpose::Yes, b_t = tb == Transpose::Yes;
+  const bool direct = a.dtype() == b.dtype() && (a.dtype() == DType::F32 || native_bf16());
+  if (!direct) {
+    gemm_widened(a, a_t, b, b_t, c, m, n, k, alpha, beta);
+    return;
+  }
+  const GemmKey key{m, n, k, a_t, b_t, a.dtype(), b.dtype(), c.dtype(), alpha, beta};
   const std::shared_ptr<const Matmul> matmul = cached_matmul(key);
   if (!matmul) {
-    gemm_eigen(a, ta, b, tb, c, m, n, k, alpha, beta);
+    // oneDNN declined these dtypes (say F32 operands into a BF16 c): widened.
+    gemm_widened(a, a_t, b, b_t, c, m, n, k, alpha, beta);
     return;
   }
-  thread_local dnnl::stream stream(cpu_engine());
-  dnnl::memory ma(matmul->pd.src_desc(), cpu_engine(), a.raw_data());
-  dnnl::memory mb(matmul->pd.weights_desc(), cpu_engine(), b.raw_data());
-  dnnl::memory mc(matmul->pd.dst_desc(), cpu_engine(), c.raw_data());
-  matmul->primitive.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
-  stream.wait();
+  execute(*matmul, a.raw_data(), b.raw_data(), c.raw_data());
+}
+
+int64_t gemm_scratch_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
+  const bool direct = a == b && (a == DType::F32 || native_bf16());
+  if (direct && c == DType::F32) return 0;
+  const int64_t elems = (a == DType::BF16 ? m * k : 0) + (b == DType::BF16 ? k * n : 0) + (c == DType::BF16 ? m * n : 0);
+  return elems * static_cast<int64_t>(sizeof(float));
 }
 
 std::string gemm_backend() {
@@ -223,7 +309,9 @@ std::string gemm_backend() {
     const std::shared_ptr<const Matmul> matmul = cached_matmul(key);
     return matmul ? std::string(matmul->pd.impl_info_str()) : std::string("Eigen");
   };
-  return format("oneDNN {}.{}.{} (F32 {}, BF16 {})", v->major, v->minor, v->patch, impl(DType::F32), impl(DType::BF16));
+  const std::string bf16 = native_bf16() ? impl(DType::BF16) : "widened to F32";
+  return format("oneDNN {}.{}.{} (F32 {}, BF16 {}; ISA {})", v->major, v->minor, v->patch, impl(DType::F32), bf16,
+                isa_description());
 }
 
 #else
@@ -233,8 +321,14 @@ void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, const Te
   gemm_eigen(a, ta, b, tb, c, m, n, k, alpha, beta);
 }
 
+int64_t gemm_scratch_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
+  const int64_t elems = (a == DType::BF16 ? m * k : 0) + (b == DType::BF16 ? k * n : 0) + (c == DType::BF16 ? m * n : 0);
+  return elems * static_cast<int64_t>(sizeof(float));
+}
+
 std::string gemm_backend() {
-  return format("Eigen {}.{}.{}", EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION);
+  return format("Eigen {}.{}.{} (ISA {})", EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION,
+                isa_description());
 }
 
 #endif

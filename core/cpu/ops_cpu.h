@@ -10,6 +10,11 @@ namespace st::cpu {
 /// The GEMM of ops::gemm: oneDNN when built with it (ST_WITH_DNNL), else Eigen.
 void gemm(const Tensor& a, ops::Transpose ta, const Tensor& b, ops::Transpose tb, const Tensor& c, int64_t m, int64_t n,
           int64_t k, float alpha, float beta);
+/// Bytes of the calling thread's scratch that gemm() takes for these shapes and
+/// dtypes (F32 copies of BF16 operands where they are widened; 0 when oneDNN
+/// multiplies them as stored). The scratch grows to the largest GEMM a thread
+/// ran and is kept (for the memory plan).
+int64_t gemm_scratch_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c);
 /// The same contract through Eigen in F32 (BF16 operands widened first): the
 /// portable path, and the reference the tests hold the fast path to.
 void gemm_eigen(const Tensor& a, ops::Transpose ta, const Tensor& b, ops::Transpose tb, const Tensor& c, int64_t m,
