@@ -13,7 +13,9 @@
 // beta == 0 ignores c's old contents. oneDNN's result for a shape is fixed for
 // a given thread count (no atomics in its reductions), so a recomputed forward
 // matches the original bit for bit.
+#include <algorithm>
 #include <bit>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -232,42 +234,138 @@ void execute(const Matmul& matmul, const void* a, const void* b, void* c) {
   stream.wait();
 }
 
-// Widens a BF16 operand into `dst` over the pool's threads (exact, so the
-// split does not matter).
-void widen_parallel(const BFloat16* src, float* dst, int64_t n) {
-  parallel_for(n, 65536, [&](int64_t begin, int64_t end) { widen_bf16(src + begin, dst + begin, end - begin); });
-}
-
-void narrow_parallel(const float* src, BFloat16* dst, int64_t n) {
-  parallel_for(n, 65536, [&](int64_t begin, int64_t end) { narrow_to_bf16(src + begin, dst + begin, end - begin); });
-}
-
 // Whether BF16 operands are multiplied as such (BF16 dot products) or widened.
 bool native_bf16() { return cpu_isa() >= CpuIsa::Avx512Bf16; }
 
-// The F32 GEMM of operands any of which may be BF16: those are widened into
-// the calling thread's scratch, c too when it is BF16 (then rounded once).
-void gemm_widened(const Tensor& a, bool a_t, const Tensor& b, bool b_t, const Tensor& c, int64_t m, int64_t n,
-                  int64_t k, float alpha, float beta) {
+// The widened path works block by block so that its scratch stays near
+// kScratchTarget floats whatever the step's size (a BF16 logits tensor of a
+// large micro-batch would otherwise need an F32 copy as large as itself):
+// blocks of op(a)'s rows (and c's) when K is the short side, blocks of K
+// (c accumulating with beta = 1 after the first) when K is the long side, as
+// in a weight gradient dW = dy^T x over many tokens. op(b) is widened whole
+// when rows are blocked: it is a weight there. A block that is strided in
+// memory is copied even from F32, so that every primitive sees contiguous
+// operands. The blocks depend on the shapes only, never on the threads.
+constexpr int64_t kScratchTarget = int64_t{1} << 21;  // floats: 8 MiB
+constexpr int64_t kMinBlock = 64;
+
+// One widened GEMM's blocking and the floats of scratch each operand takes.
+struct WidenedPlan {
+  bool block_k = false;  // blocks of K, else blocks of op(a)'s rows
+  int64_t block = 0;     // rows or K per block
+  int64_t a = 0, b = 0, c = 0;
+  int64_t total() const { return a + b + c; }
+};
+
+WidenedPlan widened_plan(const GemmKey& key) {
+  const auto [m, n, k, a_t, b_t, ad, bd, cd, alpha, beta] = key;
+  const bool wa = ad == DType::BF16, wb = bd == DType::BF16, wc = cd == DType::BF16;
+  WidenedPlan plan;
+  plan.block_k = k > m && (wa || wb);
+  if (plan.block_k) {
+    plan.block = std::clamp(kScratchTarget / (m + n), kMinBlock, k);
+    const bool whole = plan.block == k;
+    // A block of K is strided in op(a) when a is stored (M, K), in op(b) when b is stored (N, K).
+    plan.a = wa || (!whole && !a_t) ? m * plan.block : 0;
+    plan.b = wb || (!whole && b_t) ? plan.block * n : 0;
+    plan.c = wc ? m * n : 0;  // c accumulates across the blocks in F32
+  } else {
+    plan.b = wb ? k * n : 0;
+    const bool a_copied = wa || a_t;  // rows of op(a) are strided when a is stored (K, M)
+    const int64_t per_row = (a_copied ? k : 0) + (wc ? n : 0);
+    plan.block = per_row > 0 ? std::clamp(kScratchTarget / per_row, kMinBlock, m) : m;
+    if (plan.block == m && !wa) plan.a = 0;
+    else plan.a = a_copied ? plan.block * k : 0;
+    plan.c = wc ? plan.block * n : 0;
+  }
+  return plan;
+}
+
+// A (rows, cols) block at (r0, c0) of a row-major matrix with `ld` columns,
+// as contiguous F32: the tensor's own memory when it is F32 and the block is
+// whole rows (`copy` null), else copied (BF16 widened exactly) into `copy`.
+const float* f32_block(const Tensor& x, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* copy) {
+  if (x.dtype() == DType::F32 && c0 == 0 && cols == ld) return x.data<float>() + r0 * ld;
+  ST_CHECK(copy != nullptr, "gemm: a strided or BF16 block of {} has no scratch", shape_str(x.shape()));
+  parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* dst = copy + r * cols;
+      if (x.dtype() == DType::BF16) {
+        widen_bf16(x.data<BFloat16>() + (r0 + r) * ld + c0, dst, cols);
+      } else {
+        std::memcpy(dst, x.data<float>() + (r0 + r) * ld + c0, static_cast<size_t>(cols) * sizeof(float));
+      }
+    }
+  });
+  return copy;
+}
+
+void narrow_rows(const float* src, BFloat16* dst, int64_t n) {
+  parallel_for(n, 65536, [&](int64_t begin, int64_t end) { narrow_to_bf16(src + begin, dst + begin, end - begin); });
+}
+
+// One primitive call of the widened path: op(a) (m, k) @ op(b) (k, n) into c (m, n), all contiguous F32.
+void run_f32(int64_t m, int64_t n, int64_t k, bool a_t, const float* a, bool b_t, const float* b, float* c,
+             float alpha, float beta) {
   const GemmKey key{m, n, k, a_t, b_t, DType::F32, DType::F32, DType::F32, alpha, beta};
   const std::shared_ptr<const Matmul> matmul = cached_matmul(key);
-  if (!matmul) {
-    gemm_eigen(a, a_t ? Transpose::Yes : Transpose::No, b, b_t ? Transpose::Yes : Transpose::No, c, m, n, k, alpha,
-               beta);
-    return;
+  ST_CHECK(matmul != nullptr, "oneDNN has no F32 matmul for {}x{}x{}", m, n, k);
+  execute(*matmul, a, b, c);
+}
+
+// Blocks of op(a)'s rows: op(b) widened once, a and c one block at a time.
+void widened_by_rows(const GemmKey& key, const WidenedPlan& plan, const Tensor& a, const Tensor& b, const Tensor& c,
+                     float* scratch) {
+  const auto [m, n, k, a_t, b_t, ad, bd, cd, alpha, beta] = key;
+  float* sa = plan.a > 0 ? scratch : nullptr;
+  float* sb = plan.b > 0 ? scratch + plan.a : nullptr;
+  float* sc = plan.c > 0 ? scratch + plan.a + plan.b : nullptr;
+  const float* pb = f32_block(b, b_t ? k : n, 0, b_t ? n : k, 0, b_t ? k : n, sb);
+  for (int64_t i0 = 0; i0 < m; i0 += plan.block) {
+    const int64_t rows = std::min(plan.block, m - i0);
+    // op(a)'s rows [i0, i0 + rows): stored rows of a (M, K), or columns of a (K, M).
+    const float* pa = a_t ? f32_block(a, m, 0, k, i0, rows, sa) : f32_block(a, k, i0, rows, 0, k, sa);
+    float* pc = nullptr;
+    if (sc != nullptr) {
+      if (beta != 0.0f) f32_block(c, n, i0, rows, 0, n, sc);
+      pc = sc;
+    } else {
+      pc = c.data<float>() + i0 * n;
+    }
+    run_f32(rows, n, k, a_t, pa, b_t, pb, pc, alpha, beta);
+    if (sc != nullptr) narrow_rows(sc, c.data<BFloat16>() + i0 * n, rows * n);
   }
-  const int64_t a_scratch = a.dtype() == DType::BF16 ? m * k : 0;
-  const int64_t b_scratch = b.dtype() == DType::BF16 ? k * n : 0;
-  const int64_t c_scratch = c.dtype() == DType::BF16 ? m * n : 0;
-  float* scratch = gemm_scratch(static_cast<size_t>(a_scratch + b_scratch + c_scratch));
-  const float* pa = a_scratch > 0 ? scratch : a.data<float>();
-  if (a_scratch > 0) widen_parallel(a.data<BFloat16>(), scratch, a_scratch);
-  const float* pb = b_scratch > 0 ? scratch + a_scratch : b.data<float>();
-  if (b_scratch > 0) widen_parallel(b.data<BFloat16>(), scratch + a_scratch, b_scratch);
-  float* pc = c_scratch > 0 ? scratch + a_scratch + b_scratch : c.data<float>();
-  if (c_scratch > 0 && beta != 0.0f) widen_parallel(c.data<BFloat16>(), pc, c_scratch);
-  execute(*matmul, pa, pb, pc);
-  if (c_scratch > 0) narrow_parallel(pc, c.data<BFloat16>(), c_scratch);
+}
+
+// Blocks of K: c (in F32) takes each block's product, beta applying to the first.
+void widened_by_k(const GemmKey& key, const WidenedPlan& plan, const Tensor& a, const Tensor& b, const Tensor& c,
+                  float* scratch) {
+  const auto [m, n, k, a_t, b_t, ad, bd, cd, alpha, beta] = key;
+  float* sa = plan.a > 0 ? scratch : nullptr;
+  float* sb = plan.b > 0 ? scratch + plan.a : nullptr;
+  float* pc = plan.c > 0 ? scratch + plan.a + plan.b : c.data<float>();
+  if (plan.c > 0 && beta != 0.0f) f32_block(c, n, 0, m, 0, n, pc);
+  for (int64_t k0 = 0; k0 < k; k0 += plan.block) {
+    const int64_t depth = std::min(plan.block, k - k0);
+    // op(a)'s columns [k0, k0 + depth): stored rows of a (K, M), or columns of a (M, K); op(b)'s rows likewise.
+    const float* pa = a_t ? f32_block(a, m, k0, depth, 0, m, sa) : f32_block(a, k, 0, m, k0, depth, sa);
+    const float* pb = b_t ? f32_block(b, k, 0, n, k0, depth, sb) : f32_block(b, n, k0, depth, 0, n, sb);
+    run_f32(m, n, depth, a_t, pa, b_t, pb, pc, alpha, k0 == 0 ? beta : 1.0f);
+  }
+  if (plan.c > 0) narrow_rows(pc, c.data<BFloat16>(), m * n);
+}
+
+// The F32 GEMM of operands any of which may be BF16, in blocks (above).
+void gemm_widened(const Tensor& a, bool a_t, const Tensor& b, bool b_t, const Tensor& c, int64_t m, int64_t n,
+                  int64_t k, float alpha, float beta) {
+  const GemmKey key{m, n, k, a_t, b_t, a.dtype(), b.dtype(), c.dtype(), alpha, beta};
+  const WidenedPlan plan = widened_plan(key);
+  float* scratch = plan.total() > 0 ? gemm_scratch(static_cast<size_t>(plan.total())) : nullptr;
+  if (plan.block_k) {
+    widened_by_k(key, plan, a, b, c, scratch);
+  } else {
+    widened_by_rows(key, plan, a, b, c, scratch);
+  }
 }
 
 }  // namespace
@@ -298,8 +396,13 @@ void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, const Te
 int64_t gemm_scratch_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
   const bool direct = a == b && (a == DType::F32 || native_bf16());
   if (direct && c == DType::F32) return 0;
-  const int64_t elems = (a == DType::BF16 ? m * k : 0) + (b == DType::BF16 ? k * n : 0) + (c == DType::BF16 ? m * n : 0);
-  return elems * static_cast<int64_t>(sizeof(float));
+  // Transposes change which blocks are copied; the larger of the two layouts bounds both.
+  int64_t floats = 0;
+  for (const bool a_t : {false, true}) {
+    for (const bool b_t : {false, true})
+      floats = std::max(floats, widened_plan(GemmKey{m, n, k, a_t, b_t, a, b, c, 1.0f, 0.0f}).total());
+  }
+  return floats * static_cast<int64_t>(sizeof(float));
 }
 
 std::string gemm_backend() {

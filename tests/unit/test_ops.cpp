@@ -79,12 +79,10 @@ using GemmParam = std::tuple<DType, DType, DType, Transpose, Transpose, GemmPath
 
 class GemmTest : public ::testing::TestWithParam<GemmParam> {};
 
-TEST_P(GemmTest, MatchesDoubleTripleLoop) {
-  const auto [a_dtype, b_dtype, c_dtype, ta, tb, path] = GetParam();
-  // Small shapes for the edges, larger ones for the blocked (AMX, AVX-512) kernels.
-  const GemmCase cases[] = {{1, 1, 1},   {3, 5, 7},     {17, 33, 9},   {64, 1, 128},
-                            {1, 48, 70}, {70, 50, 300}, {130, 97, 260}};
-  const AlphaBeta scalings[] = {{1.0f, 0.0f}, {-0.75f, 0.0f}, {1.25f, -0.5f}, {1.0f, 1.0f}};
+// Holds the GEMM of `param` on every case and scaling to the double triple loop.
+void check_gemm_cases(const GemmParam& param, const std::vector<GemmCase>& cases,
+                      const std::vector<AlphaBeta>& scalings) {
+  const auto [a_dtype, b_dtype, c_dtype, ta, tb, path] = param;
   uint32_t seed = 1;
   for (const GemmCase& g : cases) {
     for (const AlphaBeta& s : scalings) {
@@ -158,6 +156,26 @@ TEST_P(GemmTest, MatchesDoubleTripleLoop) {
   }
 }
 
+TEST_P(GemmTest, MatchesDoubleTripleLoop) {
+  // Small shapes for the edges, larger ones for the blocked (AMX, AVX-512) kernels.
+  check_gemm_cases(GetParam(),
+                   {{1, 1, 1}, {3, 5, 7}, {17, 33, 9}, {64, 1, 128}, {1, 48, 70}, {70, 50, 300}, {130, 97, 260}},
+                   {{1.0f, 0.0f}, {-0.75f, 0.0f}, {1.25f, -0.5f}, {1.0f, 1.0f}});
+}
+
+class GemmBlocksTest : public ::testing::TestWithParam<GemmParam> {};
+
+TEST_P(GemmBlocksTest, MatchesDoubleTripleLoop) {
+  // Shapes whose widened F32 copies exceed the GEMM's scratch target (8 MiB),
+  // so that operands with a BF16 side are multiplied in blocks: of K
+  // (m=9 n=8 k=250001: blocks of 123,361, c accumulating with beta = 1 after
+  // the first) and of rows (m=400001 n=3 k=8: blocks of 190,650 rows when
+  // a is copied, of 262,144 when only c is), all with remainders.
+  // Mixed operands take that path on every CPU; BF16 ones below avx512_bf16
+  // (ST_MAX_CPU_ISA=avx2 tests it on any machine).
+  check_gemm_cases(GetParam(), {{9, 8, 250001}, {400001, 3, 8}}, {{1.0f, 0.0f}, {-0.75f, 1.0f}});
+}
+
 std::string gemm_param_name(const ::testing::TestParamInfo<GemmParam>& info) {
   const auto [a, b, c, ta, tb, path] = info.param;
   return std::string(st::dtype_name(a)) + "_" + std::string(st::dtype_name(b)) + "_" + std::string(st::dtype_name(c)) +
@@ -172,6 +190,14 @@ INSTANTIATE_TEST_SUITE_P(AllDtypesAndTransposes, GemmTest,
                                             ::testing::Values(Transpose::No, Transpose::Yes),
                                             ::testing::Values(Transpose::No, Transpose::Yes),
                                             ::testing::Values(GemmPath::Dispatch, GemmPath::Eigen)),
+                         gemm_param_name);
+
+INSTANTIATE_TEST_SUITE_P(WidenedOperands, GemmBlocksTest,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16), ::testing::Values(DType::BF16),
+                                            ::testing::Values(DType::F32, DType::BF16),
+                                            ::testing::Values(Transpose::No, Transpose::Yes),
+                                            ::testing::Values(Transpose::No, Transpose::Yes),
+                                            ::testing::Values(GemmPath::Dispatch)),
                          gemm_param_name);
 
 TEST(GemmShapes, RepeatedCallIsBitIdentical) {
