@@ -5,9 +5,11 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include <sys/resource.h>
 
+#include "core/cpu/ops_cpu.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/tensor.h"
@@ -72,6 +74,24 @@ std::vector<int64_t> micro_batch_choices(const Config& config, int world) {
   return out;
 }
 
+// The largest scratch the CPU GEMM takes in a LLaMA step at micro-batch
+// train.micro_batch_size: the products of the LM head (the widest) and of
+// the MLP, forward and both backward products (the scratch depends on the
+// tokens only through its blocks, so the micro-batch barely moves it).
+int64_t gemm_scratch(const Config& config) {
+  if (config.train.device == DeviceKind::Cuda || config.model.name != "llama") return 0;
+  const DType dt = config.fsdp.mixed_precision.param_dtype;
+  const int64_t tokens = config.train.micro_batch_size * config.train.seq_len;
+  const ModelConfig& m = config.model;
+  int64_t most = 0;
+  for (const int64_t width : {m.vocab_size, m.intermediate_size}) {
+    const int64_t d = m.hidden_size;
+    for (const auto& [rows, cols, depth] : {std::tuple{tokens, width, d}, {tokens, d, width}, {width, d, tokens}})
+      most = std::max(most, cpu::gemm_scratch_bytes(rows, cols, depth, dt, dt, dt));
+  }
+  return most;
+}
+
 }  // namespace
 
 int64_t MemoryPlan::activation_bytes(int64_t samples, int64_t recomputed) const {
@@ -84,7 +104,7 @@ int64_t MemoryPlan::activation_bytes(int64_t samples, int64_t recomputed) const 
 }
 
 int64_t MemoryPlan::step_bytes(int64_t samples) const {
-  return activation_bytes(samples, recomputed_layers) + gathered_bytes;
+  return activation_bytes(samples, recomputed_layers) + gathered_bytes + gemm_scratch_bytes;
 }
 
 MemoryPlan plan_memory(const Config& config, const fsdp::MemoryReport& report, int64_t recomputed_layers) {
@@ -93,6 +113,7 @@ MemoryPlan plan_memory(const Config& config, const fsdp::MemoryReport& report, i
   plan.compute_bytes = static_cast<int64_t>(dtype_size(config.fsdp.mixed_precision.param_dtype));
   plan.gathered_bytes = 3 * report.largest_gathered_bytes;
   plan.recomputed_layers = recomputed_layers;
+  plan.gemm_scratch_bytes = gemm_scratch(config);
   return plan;
 }
 

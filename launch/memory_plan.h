@@ -3,9 +3,10 @@
 // rank may use: the start-up memory line, the refusal of a micro-batch that
 // cannot fit (with the largest that can), and the advice an out-of-memory
 // error carries. The estimate counts what the layers keep for backward
-// (models/model.h, ModelActivations) and FSDP's gathered units; buffers
-// inside one op are not counted, so it errs low: a refusal is certain, a
-// pass is not a promise.
+// (models/model.h, ModelActivations), FSDP's gathered units and, on the CPU,
+// the GEMM's widened copies of BF16 operands (blocked to a few MiB, plus a
+// weight). Small per-op buffers (attention tiles, row scratch) are not
+// counted.
 #include <cstdint>
 #include <string>
 
@@ -22,6 +23,7 @@ struct MemoryPlan {
   int64_t compute_bytes = 4;            // bytes per element of the compute dtype (param_dtype)
   int64_t gathered_bytes = 0;           // FSDP: the largest unit gathered, held twice (prefetch) + its gradient
   int64_t recomputed_layers = 0;        // layers fsdp.activation_checkpointing recomputes
+  int64_t gemm_scratch_bytes = 0;       // CPU: F32 copies the GEMM makes of BF16 operands (core/cpu/ops_cpu.h), largest GEMM
 
   /// Activation bytes of a micro-batch of `samples` with `recomputed` layers recomputed.
   int64_t activation_bytes(int64_t samples, int64_t recomputed) const;

@@ -310,11 +310,17 @@ class Trainer {
     try {
       return f();
     } catch (const OutOfMemory& e) {
-      std::string where = phase_;
-      if (where == std::string_view("forward and backward")) where += format(" of micro-batch {}", micro_batch_);
-      throw Error(format("{} {}", e.message(), out_of_memory_advice(config_, *memory_plan_, where, done + 1)), __FILE__,
-                  __LINE__);
+      throw out_of_memory(e.message(), done);
+    } catch (const std::bad_alloc&) {
+      // A library's own buffer (oneDNN's, a std::vector inside an op).
+      throw out_of_memory("out of host memory allocating a buffer inside an op", done);
     }
+  }
+  Error out_of_memory(const std::string& what, int64_t done) const {
+    std::string where = phase_;
+    if (where == std::string_view("forward and backward")) where += format(" of micro-batch {}", micro_batch_);
+    return Error(format("{} {}", what, out_of_memory_advice(config_, *memory_plan_, where, done + 1)), __FILE__,
+                 __LINE__);
   }
   void setup_checkpoints();
   // Rank 0: the metrics file's start or resume line, and what the step lines mean.

@@ -31,6 +31,7 @@
 #include "core/cpu/attention_tiles.h"
 #include "core/cpu/isa.h"
 #include "core/cpu/parallel.h"
+#include "core/cpu/scratch.h"
 #include "core/cpu/vec.h"
 
 #define ST_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -59,23 +60,8 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // (the forward and the backward never run at once on a thread).
 template <class T>
 T* scratch(int slot, int64_t n) {
-  struct Buffer {
-    std::unique_ptr<T[]> data;
-    T* aligned = nullptr;
-    int64_t size = 0;
-  };
-  thread_local std::array<Buffer, 16> buffers;
-  Buffer& buffer = buffers[static_cast<size_t>(slot)];
-  if (buffer.size < n) {
-    constexpr int64_t kPad = 64 / static_cast<int64_t>(sizeof(T));
-    buffer.data.reset();
-    buffer.data = std::make_unique_for_overwrite<T[]>(static_cast<size_t>(n + kPad));
-    void* p = buffer.data.get();
-    size_t space = static_cast<size_t>(n + kPad) * sizeof(T);
-    buffer.aligned = static_cast<T*>(std::align(64, static_cast<size_t>(n) * sizeof(T), p, space));
-    buffer.size = n;
-  }
-  return buffer.aligned;
+  thread_local std::array<Scratch<T>, 16> buffers;
+  return buffers[static_cast<size_t>(slot)].get(n);
 }
 
 // ---------------------------------------------------------------- micro-kernel

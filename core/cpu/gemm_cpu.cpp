@@ -25,6 +25,7 @@
 #include "core/cpu/isa.h"
 #include "core/cpu/ops_cpu.h"
 #include "core/cpu/parallel.h"
+#include "core/cpu/scratch.h"
 #include "core/format.h"
 
 #ifdef ST_WITH_DNNL
@@ -44,17 +45,8 @@ using ops::Transpose;
 // describe tensors.
 float* gemm_scratch(size_t n) {
   // (The bytes a GEMM of given shapes takes here: gemm_scratch_bytes().)
-  struct Buffer {
-    std::unique_ptr<float[]> data;
-    size_t size = 0;
-  };
-  thread_local Buffer buffer;
-  if (buffer.size < n) {
-    buffer.data.reset();  // release the old block before taking the larger one
-    buffer.data = std::make_unique_for_overwrite<float[]>(n);
-    buffer.size = n;
-  }
-  return buffer.data.get();
+  thread_local Scratch<float> buffer;
+  return buffer.get(static_cast<int64_t>(n));
 }
 
 using RowMajorF32 = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;

@@ -32,6 +32,7 @@
 #include "core/cpu/attention_bf16.h"
 #include "core/cpu/attention_tiles.h"
 #include "core/cpu/parallel.h"
+#include "core/cpu/scratch.h"
 #include "core/cpu/vec.h"
 
 namespace st::cpu {
@@ -58,24 +59,9 @@ enum class Pool : uint8_t { Block, Call };
 // depend on where its operands live. With one alignment for all buffers, the
 // forward and the backward (or a recomputed forward) round identically.
 float* scratch(Pool pool, int slot, int64_t n) {
-  constexpr int64_t kAlignFloats = 16;  // 64 bytes
-  struct Buffer {
-    std::unique_ptr<float[]> data;
-    float* aligned = nullptr;
-    int64_t size = 0;
-  };
-  thread_local std::array<Buffer, kScratchSlots> block_buffers;
-  thread_local std::array<Buffer, kScratchSlots> call_buffers;
-  Buffer& buffer = (pool == Pool::Block ? block_buffers : call_buffers)[static_cast<size_t>(slot)];
-  if (buffer.size < n) {
-    buffer.data.reset();  // release the old block before taking the larger one
-    buffer.data = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(n + kAlignFloats));
-    void* p = buffer.data.get();
-    size_t space = static_cast<size_t>(n + kAlignFloats) * sizeof(float);
-    buffer.aligned = static_cast<float*>(std::align(64, static_cast<size_t>(n) * sizeof(float), p, space));
-    buffer.size = n;
-  }
-  return buffer.aligned;
+  thread_local std::array<Scratch<float>, kScratchSlots> block_buffers;
+  thread_local std::array<Scratch<float>, kScratchSlots> call_buffers;
+  return (pool == Pool::Block ? block_buffers : call_buffers)[static_cast<size_t>(slot)].get(n);
 }
 
 float* block_scratch(int slot, int64_t n) { return scratch(Pool::Block, slot, n); }
