@@ -20,6 +20,7 @@
 #   FUZZ_SECONDS=N          seconds per fuzz target (default 30; 0 skips stage 2)
 #   ST_SANITIZE_STAGES=...  which sanitizer stages run: "address thread"
 #                           (default), "address", "thread", or 0 for none
+#   ST_ISA_STAGE=0          skips stage 1b
 #   ST_BUILD_DIR, ST_JOBS   as for scripts/setup.sh
 # Each stage prints how long it took ("test: stage ... took N s").
 set -euo pipefail
@@ -55,6 +56,11 @@ if (($#)); then
   exit 0
 fi
 stage "build + ctest" run_ctest
+if [[ ${ST_ISA_STAGE:-1} != 0 ]]; then
+  stage "ctest at the AVX2 cap" env ST_MAX_CPU_ISA=avx2 \
+    ctest --test-dir "$build_dir" --output-on-failure -j "${ST_JOBS:-$(nproc)}" \
+    -R '^(test_.*|torch_reference_llama|train_fsdp-default|train_dp|fault_memory|isa_.*)$' -L 'unit|reference|e2e'
+fi
 if ((fuzz_seconds > 0)); then
   stage "fuzz (${fuzz_seconds} s per target)" env FUZZ_SECONDS="$fuzz_seconds" "$root/scripts/fuzz.sh"
 fi
