@@ -711,8 +711,10 @@ VerifyReport verify_checkpoint(const std::string& path, int threads) {
   const fs::path dir(report.dir);
 
   // A root whose `latest` names no complete step is damaged, whatever the step it falls back to holds.
-  if (resolved.latest_damaged)
+  if (resolved.latest_damaged) {
     report.problems.push_back(format("{} (the root is damaged: --resume auto would fall back)", resolved.note));
+    report.note.clear();  // said once, as the problem
+  }
   const CompleteMarker marker = read_complete_marker(dir);
   const bool no_marker = !fs::exists(fs::symlink_status(dir / kCompleteMarkerName));
   const std::set<std::string> listed = check_marker(dir, marker, no_marker, report.problems);
