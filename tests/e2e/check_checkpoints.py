@@ -66,7 +66,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, check_main, expect, fail, loss_by_step, mpirun, run, sets  # noqa: E402
+from harness import (  # noqa: E402
+    ROOT, check_main, crc32c, expect, fail, loss_by_step, mpirun, resum_marker, run, sets)
 
 TINY = "configs/llama-tiny.yaml"
 # Elastic restarts change the reduction order (other world sizes, shard
@@ -232,9 +233,10 @@ def check_options(trainer, tmp):
     ckpt = os.path.join(tmp, "compat")
     train(trainer, 4, tmp, "first", sets(checkpoint__dir=ckpt) + ["--stop-after", "10"])
     step10 = latest_of(ckpt)
-    for n in os.listdir(step10):
-        if n.startswith("master_weights"):
-            os.remove(os.path.join(step10, n))
+    dropped = [n for n in os.listdir(step10) if n.startswith("master_weights")]
+    for n in dropped:
+        os.remove(os.path.join(step10, n))
+    drop_from_marker(step10, dropped)  # as a save that never wrote them would have
     _, proc = train(trainer, 4, tmp, "refused", ["--resume", step10], expect_ok=False)
     if proc.returncode == 0 or "master_weight_compatible" not in proc.stderr:
         fail("resuming BF16 model weights without master weights did not ask for master_weight_compatible")
@@ -245,6 +247,16 @@ def check_options(trainer, tmp):
     print(f"options: master_weight_compatible from BF16 model weights: max relative loss difference {worst:.2e}")
     if sorted(compat) != list(range(11, 21)) or not 0 < worst < 1e-2:
         fail("master_weight_compatible resume is not close to the uninterrupted run")
+
+
+def drop_from_marker(step_dir, names):
+    """Rewrites step_dir's COMPLETE marker without the lines of `names` (and with its own new CRC32C)."""
+    path = os.path.join(step_dir, "COMPLETE")
+    with open(path) as f:
+        lines = f.read().splitlines()[:-1]  # without its crc32c line
+    body = "".join(line + "\n" for line in lines if line.rsplit(" ", 1)[-1] not in names)
+    with open(path, "w") as f:
+        f.write(body + f"crc32c {crc32c(body.encode()):08x}\n")
 
 
 def check_init_from(trainer, tmp):
@@ -425,7 +437,8 @@ def check_corruption(trainer, tmp):
     with open(os.path.join(d, "optimizer.safetensors.index.json")) as f:
         gone = sorted(set(json.load(f)["weight_map"].values()))[0]
     os.remove(os.path.join(d, gone))
-    expect_failure(trainer, tmp, "missing-file", ["--resume", d], [os.path.join(d, gone), "is missing"], ckpt)
+    expect_failure(trainer, tmp, "missing-file", ["--resume", d], [f"checkpoint {d} is damaged or incomplete: {gone} "
+                                                                   "is missing"], ckpt)
 
     d = variant("missing-tensor")
     path = os.path.join(d, "optimizer.safetensors.index.json")
@@ -434,6 +447,8 @@ def check_corruption(trainer, tmp):
     del index["weight_map"]["model.norm.weight.exp_avg"]
     with open(path, "w") as f:
         json.dump(index, f)
+    # Edited as a buggy save would leave it, the marker vouching for it: the fit check must still name the tensor.
+    resum_marker(d, "optimizer.safetensors.index.json")
     expect_failure(trainer, tmp, "tensor-missing-from-index", ["--resume", d],
                    ["1 tensor(s) the run needs are missing from it: model.norm.weight (exp_avg)"], ckpt)
 
