@@ -165,8 +165,8 @@ std::string sharded_index_text(int world_size,
 inline constexpr std::string_view kCompleteMarkerName = "COMPLETE";
 /// Empty when `dir` holds a complete checkpoint of `step`: a COMPLETE marker
 /// that is intact (its CRC32C matches), names `step`, and lists files that all
-/// exist with the listed sizes and checksums (marker_file_problem), and a
-/// trainer_state.json, when listed, of the same step. Otherwise the reason,
+/// exist with the listed sizes and checksums (marker_file_problem); the
+/// marker's part of check_checkpoint (commit.h). Otherwise the reason,
 /// e.g. "missing COMPLETE marker", "model.safetensors has 10 bytes, COMPLETE
 /// lists 20" or "trainer_state.json fails its checksum in COMPLETE (crc32c
 /// 0x1a2b3c4d, COMPLETE lists 0x5e6f7081): the file was changed after the save".
