@@ -205,9 +205,9 @@ class Misfit : public AgreedError {
 
 /// The checkpoint directory a path given by a user stands for.
 struct ResolvedDir {
-  std::string path;        // the checkpoint directory
-  std::string note;        // for a root: which step was taken and why; empty otherwise
-  bool fell_back = false;  // a root whose `latest` was unusable: an older complete checkpoint was taken
+  std::string path;             // the checkpoint directory
+  std::string note;             // for a root: which step was taken and why; empty otherwise
+  bool fell_back = false;       // a root whose `latest` was unusable: an older complete checkpoint was taken
   bool latest_damaged = false;  // ResumeChoice::latest_damaged of that root
 };
 /// `path` itself, unless it is a checkpoint root (it holds `latest`, or

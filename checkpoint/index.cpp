@@ -517,8 +517,9 @@ std::string marker_file_problem(const fs::path& dir, const MarkerFile& f) {
     return e.message();
   }
   if (have == f.crc32c) return {};
-  return format("{}{} fails its checksum in COMPLETE (crc32c {}, COMPLETE lists {}): the file was changed after the save",
-                f.name, f.sum == MarkerSum::Header ? ": its header" : "", crc_text(have), crc_text(f.crc32c));
+  return format(
+      "{}{} fails its checksum in COMPLETE (crc32c {}, COMPLETE lists {}): the file was changed after the save", f.name,
+      f.sum == MarkerSum::Header ? ": its header" : "", crc_text(have), crc_text(f.crc32c));
 }
 
 }  // namespace st::checkpoint

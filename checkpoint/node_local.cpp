@@ -56,7 +56,8 @@ json list_step(const fs::path& dir) {
     const std::string name = e.path().filename().string();
     const uintmax_t size = e.file_size();
     if (name.ends_with(".safetensors")) {
-      files.push_back({{"name", name}, {"size", size}, {"data", true}, {"bytes", to_hex(read_header_bytes(e.path().string()))}});
+      files.push_back(
+          {{"name", name}, {"size", size}, {"data", true}, {"bytes", to_hex(read_header_bytes(e.path().string()))}});
     } else if (size <= kMaxSmallFile) {
       files.push_back(
           {{"name", name}, {"size", size}, {"data", false}, {"bytes", to_hex(read_file(e.path(), "checkpoint file"))}});

@@ -53,7 +53,7 @@ std::string inspection_json(const Inspection& inspection);
 struct VerifyReport {
   std::string dir;
   std::string note;                   // from resolve_checkpoint_dir
-  std::string unchecked;              // CheckedCheckpoint::unchecked_note: files of an earlier version without a checksum
+  std::string unchecked;              // CheckedCheckpoint::unchecked_note (files without a checksum)
   std::vector<std::string> problems;  // one line each, naming the file and the tensor
   int64_t tensors = 0;                // (FQN, kind) pairs in the catalog
   int64_t chunks = 0;                 // stored pieces checked

@@ -442,7 +442,8 @@ TEST(CheckCheckpoint, AnyDirectoryNameAndModelDirectories) {
   // Named as a step directory it must be one.
   fs::rename(tmp.path() / "hf", tmp.path() / "step-000040");
   EXPECT_EQ(check_checkpoint(tmp.path() / "step-000040").problem, "missing COMPLETE marker");
-  EXPECT_EQ(check_checkpoint(tmp.path() / "nothing").problem, (tmp.path() / "nothing").string() + " is not a directory");
+  EXPECT_EQ(check_checkpoint(tmp.path() / "nothing").problem,
+            (tmp.path() / "nothing").string() + " is not a directory");
 }
 
 // Markers of earlier versions give some files' sizes alone: still loadable,
@@ -452,8 +453,9 @@ TEST(CheckCheckpoint, MarkersOfEarlierVersionsLoadWithANote) {
   EXPECT_EQ(v1.problem, "");
   EXPECT_EQ(v1.step, 2);
   EXPECT_EQ(v1.unchecked.size(), 6u);
-  EXPECT_TRUE(contains(v1.unchecked_note("D"), "D was saved by an earlier version: its COMPLETE marker gives no "
-                                               "checksum for 6 file(s) (model-00001-of-00001.safetensors, "));
+  EXPECT_TRUE(contains(v1.unchecked_note("D"),
+                       "D was saved by an earlier version: its COMPLETE marker gives no "
+                       "checksum for 6 file(s) (model-00001-of-00001.safetensors, "));
   EXPECT_TRUE(contains(v1.unchecked_note("D"), "`ckpt convert` writes a copy with checksums of every byte"));
   TempRoot tmp;
   const fs::path dir = tmp.path() / "v1";
@@ -658,9 +660,10 @@ TEST(DecideResume, LatestNamingAStepWhenNoStepDirectoryIsThereIsAnError) {
   const std::vector<RootView> views = {view_of("a", {}, 30), view_of("b", {}, 30)};
   const ResumePlan plan = decide_resume("/r", views);
   EXPECT_EQ(plan.action, ResumePlan::Action::Refuse);
-  EXPECT_TRUE(contains(plan.error, "--resume auto: /r/latest names step-000030, but /r holds no step directory (it "
-                                   "was deleted, moved or renamed)\nNothing was trained or deleted. To go on: restore "
-                                   "step-000030 and run the same command again"))
+  EXPECT_TRUE(contains(plan.error,
+                       "--resume auto: /r/latest names step-000030, but /r holds no step directory (it "
+                       "was deleted, moved or renamed)\nNothing was trained or deleted. To go on: restore "
+                       "step-000030 and run the same command again"))
       << plan.error;
   // On disk: the step directory renamed.
   TempRoot tmp;
