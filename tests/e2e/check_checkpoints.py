@@ -34,7 +34,8 @@ CHECK is one of:
   compat      checkpoints written by an earlier version (tests/fixtures/ckpt-v1-*, both
               layouts, step 2 of a 4-step run of a 1-layer LLaMA) still load at 1 and 2
               ranks: steps 3-4 within COMPAT_BOUND of an uninterrupted run today (not
-              bit-identical: kernels may round differently since), and `ckpt verify` passes
+              bit-identical: kernels may round differently since), and `ckpt verify` passes,
+              noting the files its marker gives no checksum for
   load-paths  (issue 36) every way into a checkpoint applies the same check: a same-size edit
               of trainer_state.json (consumed_samples), and a COMPLETE marker that is
               edited, empty, a FIFO or a directory, are each refused by --resume PATH,
@@ -519,6 +520,9 @@ def check_compat(trainer, tmp):
         proc = run([ckpt_tool, "verify", stored], expect_ok=False)
         if proc.returncode != 0:
             fail(f"ckpt verify {stored}: {proc.stdout[-1500:]} {proc.stderr[-1500:]}")
+        # Its marker gives sizes alone (version 1): loadable, and said (issue 36).
+        if "was saved by an earlier version: its COMPLETE marker gives no checksum for" not in proc.stderr:
+            fail(f"ckpt verify {stored} did not say which files no checksum covers: {proc.stderr[-1500:]}")
         for np in (1, 2):
             losses, proc = train(trainer, np, tmp, f"{layout}-{np}", COMPAT + ["--resume", stored], steps=4)
             if sorted(losses) != [3, 4] or f"resumed from {stored}" not in proc.stderr:
