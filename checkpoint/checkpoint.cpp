@@ -350,11 +350,17 @@ Loaded load(std::span<StateEntry> entries, const std::string& dir, const LoadOpt
   const auto t0 = Clock::now();
   Loaded out;
   Catalog catalog;
-  // Nothing but indexes and headers is read before the fit is checked.
+  CheckedCheckpoint checked;
+  // Nothing but the marker, indexes and headers is read before the fit is
+  // checked, and nothing at all before check_checkpoint vouches for them: a
+  // damaged checkpoint (an AgreedError, so --resume auto falls back) is
+  // never mistaken for one that does not fit.
   run_on_every_rank(group, [&] {
+    checked = require_checkpoint(dir);
     if (!fit.weights_only) out.state = read_trainer_state(dir);
     catalog = read_catalog(dir);
   });
+  if (const std::string note = checked.unchecked_note(dir); !note.empty()) log.warn0("{}", note);
   check_fit(dir, catalog, entries, fit, group, log);
   if (!fit.weights_only && fit.check_state) {
     // Every rank judges the same file: a Misfit is thrown alike everywhere.

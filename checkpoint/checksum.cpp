@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
@@ -235,6 +236,12 @@ TensorScan crc32c_and_scan(std::span<const std::byte> data, DType dtype, uint32_
   for (size_t at = 0; at < data.size(); at += kScanBlock)
     scan_block(data.subspan(at, std::min(kScanBlock, data.size() - at)), dtype, at, out, first_index);
   return out;
+}
+
+std::string crc_text(uint32_t crc) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", crc);
+  return buf;
 }
 
 uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {

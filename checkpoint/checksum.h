@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -28,6 +29,10 @@ bool crc32c_hardware_available();
 
 /// SSE4.2 implementation; throws st::Error unless crc32c_hardware_available().
 uint32_t crc32c_hardware(std::span<const std::byte> data, uint32_t crc = 0);
+
+/// A CRC32C as every message prints it: "0x" and 8 lowercase hex digits
+/// (0x1a2b3c4d), the one spelling of the trainer, `ckpt` and `generate`.
+std::string crc_text(uint32_t crc);
 
 /// Non-finite elements of F32 or BF16 data (I32 has none).
 struct NonFinite {

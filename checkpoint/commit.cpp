@@ -16,6 +16,7 @@
 
 #include "checkpoint/checksum.h"
 #include "checkpoint/fs.h"
+#include "checkpoint/state.h"
 #include "core/error.h"
 #include "core/test_hook.h"
 
@@ -149,22 +150,88 @@ void PendingCheckpoint::point_latest() {
       return;
     }
   }
-  fs::path latest_tmp = root_ / kLatestTmpName;
-  write_file_synced(latest_tmp, step_dir_name(step_) + "\n", [&] { stage("latest_tmp_written"); });
-  stage("latest_tmp_synced");
-  // rename() replaces a file, a FIFO or a symlink, but not a directory: one in
-  // the way (a user's mistake) is moved aside, never deleted.
   const fs::path latest = root_ / kLatestFileName;
-  if (std::error_code lstat_ec; fs::is_directory(fs::symlink_status(latest, lstat_ec)))
-    rename_path(latest, root_ / format("{}.not-a-file-{}", kLatestFileName, ::getpid()));
-  rename_path(latest_tmp, latest);
+  try {
+    fs::path latest_tmp = root_ / kLatestTmpName;
+    write_file_synced(latest_tmp, step_dir_name(step_) + "\n", [&] { stage("latest_tmp_written"); });
+    stage("latest_tmp_synced");
+    // rename() replaces a file, a FIFO or a symlink, but not a directory: one in
+    // the way (a user's mistake) is moved aside, never deleted.
+    if (std::error_code lstat_ec; fs::is_directory(fs::symlink_status(latest, lstat_ec)))
+      rename_path(latest, root_ / format("{}.not-a-file-{}", kLatestFileName, ::getpid()));
+    rename_path(latest_tmp, latest);
+  } catch (const Error& e) {
+    // The step is committed whatever happens here: say so, and where a resume would start.
+    const std::optional<int64_t> still = latest_step(root_);
+    ST_FAIL(
+        "{}; {} is complete (step {} was committed), but {} still names {}: the next --resume auto starts from "
+        "there, --resume {} from the committed step",
+        e.message(), final_path().string(), step_, latest.string(), still ? step_dir_name(*still) : "no step",
+        final_path().string());
+  }
   stage("latest_renamed");
   fsync_path(root_, PathKind::Directory);
   stage("committed");
 }
 
+std::string CheckedCheckpoint::unchecked_note(const std::string& dir) const {
+  if (unchecked.empty()) return {};
+  std::string names;
+  for (const std::string& name : unchecked) names += (names.empty() ? "" : ", ") + name;
+  return format(
+      "{} was saved by an earlier version: its COMPLETE marker gives no checksum for {} file(s) ({}), so a change "
+      "that keeps their size goes unnoticed; `ckpt convert` writes a copy with checksums of every byte",
+      dir, unchecked.size(), names);
+}
+
+namespace {
+
+// Markers without a checksum of trainer_state.json (earlier versions): at least its step must be the marker's.
+std::string state_step_problem(const fs::path& dir, const CompleteMarker& marker) {
+  for (const MarkerFile& f : marker.files) {
+    if (f.name != kTrainerStateFileName || f.sum != MarkerSum::None) continue;
+    try {
+      const TrainerState state = read_trainer_state(dir);
+      if (state.step != marker.step)
+        return format("{} is for step {}, but COMPLETE for step {}: the file was changed after the save",
+                      kTrainerStateFileName, state.step, marker.step);
+    } catch (const Error&) {
+      // The loader reads it again and names what is wrong with it.
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+CheckedCheckpoint check_checkpoint(const fs::path& dir, std::optional<int64_t> step) {
+  CheckedCheckpoint out;
+  if (!step) step = parse_step_dir_name(dir.filename().string());
+  std::error_code ec;
+  if (!step && !fs::exists(fs::symlink_status(dir / kCompleteMarkerName, ec)) &&
+      !fs::exists(fs::symlink_status(dir / kTrainerStateFileName, ec))) {
+    std::error_code dir_ec;
+    out.model_dir = fs::is_directory(dir, dir_ec);
+    if (!out.model_dir) out.problem = format("{} is not a directory", dir.string());
+    return out;
+  }
+  const CompleteMarker marker = read_complete_marker(dir);
+  out.step = step.value_or(marker.step);
+  out.problem = incomplete_reason(dir, out.step);
+  if (out.problem.empty()) out.problem = state_step_problem(dir, marker);
+  for (const MarkerFile& f : marker.files)
+    if (f.sum == MarkerSum::None) out.unchecked.push_back(f.name);
+  return out;
+}
+
+CheckedCheckpoint require_checkpoint(const fs::path& dir) {
+  CheckedCheckpoint checked = check_checkpoint(dir);
+  ST_CHECK(checked.problem.empty(), "checkpoint {} is damaged or incomplete: {}", dir.string(), checked.problem);
+  return checked;
+}
+
 StepView view_step(const fs::path& dir, int64_t step) {
-  StepView view{step, incomplete_reason(dir, step), false, {}, {}};
+  StepView view{step, check_checkpoint(dir, step).problem, false, {}, {}};
   const CompleteMarker marker = read_complete_marker(dir);
   if (!marker.problem.empty() || marker.step != step || marker.elsewhere.empty()) return view;
   for (const MarkerFile& f : marker.files) view.held.push_back(f.name);
@@ -182,6 +249,8 @@ RootView view_root(const fs::path& root, std::string host) {
   RootView view;
   view.host = std::move(host);
   std::string problem;
+  std::error_code found_ec;
+  view.latest_found = fs::exists(fs::symlink_status(root / kLatestFileName, found_ec));
   if (auto text = read_small_file(root / kLatestFileName, &problem)) {
     view.latest = parse_step_dir_name(trim_space(*text));
     if (!view.latest)
@@ -237,7 +306,7 @@ ResolvedDir resolve_checkpoint_dir(const std::string& path) {
   ST_CHECK(choice.has_value(), "{} is a checkpoint root without a complete checkpoint", path);
   if (choice->note.empty())
     return {choice->path, format("{}: using {} (named by latest)", path, step_dir_name(choice->step)), false};
-  return {choice->path, format("{}: {}", path, choice->note), true};
+  return {choice->path, format("{}: {}", path, choice->note), true, choice->latest_damaged};
 }
 
 std::optional<ResumeChoice> choose_resume(const fs::path& root) {
@@ -265,7 +334,7 @@ std::optional<ResumeChoice> choose_resume(const fs::path& root, const RootView& 
   for (auto it = view.steps.rbegin(); it != view.steps.rend(); ++it) {
     if (!it->problem.empty()) continue;
     return ResumeChoice{(root / step_dir_name(it->step)).string(), it->step,
-                        format("{}; using {}", problem, step_dir_name(it->step))};
+                        format("{}; using {}", problem, step_dir_name(it->step)), view.latest_found};
   }
   return std::nullopt;
 }

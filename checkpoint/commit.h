@@ -126,7 +126,35 @@ struct StepView {
   bool operator==(const StepView&) const = default;
 };
 
-/// One step directory as view_root lists it.
+/// What check_checkpoint found in a directory about to be loaded.
+struct CheckedCheckpoint {
+  std::string problem;  // why it must not be loaded, naming the file; empty when it may
+  int64_t step = -1;    // the step its COMPLETE marker names; -1 when unknown
+  /// No COMPLETE marker and no trainer_state.json (only when no step was
+  /// required): model weights alone, e.g. a Hugging Face directory, which
+  /// has no checksums of ours; its index's tensor CRC32Cs, if any, are still checked.
+  bool model_dir = false;
+  /// Files that a COMPLETE marker of an earlier version lists by size alone.
+  std::vector<std::string> unchecked;
+  /// "" or one line for the user: which files of `dir` no checksum covers, and how to add them.
+  std::string unchecked_note(const std::string& dir) const;
+};
+
+/// The one check every way into a checkpoint applies before it reads
+/// anything else of it (--resume auto and PATH, checkpoint.init_from,
+/// generate, ckpt convert and verify): the COMPLETE marker, every file it
+/// lists with its size and checksum (incomplete_reason), and, where the
+/// marker has no checksum of trainer_state.json, that file's step. `step`:
+/// the step `dir` must hold; by default the one its name says (step-NNNNNN),
+/// else the marker's, and then a directory with neither COMPLETE nor
+/// trainer_state.json is a model directory. Never throws.
+CheckedCheckpoint check_checkpoint(const std::filesystem::path& dir, std::optional<int64_t> step = std::nullopt);
+
+/// check_checkpoint(dir), thrown as st::Error naming `dir` and the file at
+/// fault when it fails; returns it otherwise.
+CheckedCheckpoint require_checkpoint(const std::filesystem::path& dir);
+
+/// One step directory as view_root lists it (its problem from check_checkpoint).
 StepView view_step(const std::filesystem::path& dir, int64_t step);
 
 /// What one process sees in a checkpoint root: the input of every resume decision.
@@ -136,6 +164,7 @@ struct RootView {
   std::vector<StepView> steps;    // every step-NNNNNN directory, ascending
   std::optional<int64_t> latest;  // the step `latest` names, when it holds a step name
   std::string latest_problem;     // otherwise why not (missing, not a regular file, not a step name)
+  bool latest_found = false;      // something is at root/latest, readable or not
   bool operator==(const RootView&) const = default;
 };
 
@@ -149,6 +178,9 @@ struct ResumeChoice {
   std::string path;  // root/step-NNNNNN
   int64_t step = 0;
   std::string note;  // why `latest` was not used; empty when it was
+  /// `latest` is there but names no complete step (another step, a missing
+  /// or incomplete one, or nothing readable): damage, not a crash's leftover.
+  bool latest_damaged = false;
 };
 
 /// What `--resume auto` loads: the checkpoint `latest` names when it is
@@ -173,9 +205,10 @@ class Misfit : public AgreedError {
 
 /// The checkpoint directory a path given by a user stands for.
 struct ResolvedDir {
-  std::string path;        // the checkpoint directory
-  std::string note;        // for a root: which step was taken and why; empty otherwise
-  bool fell_back = false;  // a root whose `latest` was unusable: an older complete checkpoint was taken
+  std::string path;             // the checkpoint directory
+  std::string note;             // for a root: which step was taken and why; empty otherwise
+  bool fell_back = false;       // a root whose `latest` was unusable: an older complete checkpoint was taken
+  bool latest_damaged = false;  // ResumeChoice::latest_damaged of that root
 };
 /// `path` itself, unless it is a checkpoint root (it holds `latest`, or
 /// step-NNNNNN directories and no checkpoint of its own): then choose_resume's

@@ -146,32 +146,49 @@ std::string sharded_index_text(int world_size,
 //
 //   shardtrain checkpoint
 //   step N
-//   file <bytes> <name>        one line per safetensors file (its tensors carry CRC32Cs in the index)
-//   sum <bytes> <crc32c> <name>  one line per other file (JSON, tokenizer): its whole content's CRC32C
-//   crc32c <8 hex digits>      of everything above
+//   head <bytes> <crc32c> <name>  one line per safetensors file: the CRC32C of its header
+//                                 (the 8-byte length and the JSON)
+//   sum <bytes> <crc32c> <name>   one line per other file (JSON, tokenizer): its whole content's CRC32C
+//   crc32c <8 hex digits>         of everything above
 //
-// Markers written before "sum" lines existed list every file as "file"; they
-// still read, without the whole-file checksums.
-
+// Every byte of a checkpoint is under a checksum: the marker's own line
+// covers the marker, a `sum` line a whole small file (the indexes among
+// them), a `head` line a safetensors header, and the index's per-tensor
+// CRC32Cs the data, which the header tiles exactly (the reader refuses gaps
+// and trailing bytes). The data is checked by every load and `ckpt verify`;
+// everything else by incomplete_reason, so by every way into a checkpoint.
+//
+// Markers of earlier versions list files as "file <bytes> <name>" (the size
+// alone): version 1 every file, later ones the safetensors files. They still
+// read; check_checkpoint names the files they leave without a checksum.
 /// Name of the marker file inside a committed checkpoint directory.
 inline constexpr std::string_view kCompleteMarkerName = "COMPLETE";
 /// Empty when `dir` holds a complete checkpoint of `step`: a COMPLETE marker
 /// that is intact (its CRC32C matches), names `step`, and lists files that all
-/// exist with the listed sizes and, for the files it lists with a checksum,
-/// that checksum. Otherwise the reason, e.g. "missing COMPLETE marker",
-/// "model.safetensors has 10 bytes, COMPLETE lists 20" or "trainer_state.json
-/// fails its checksum in COMPLETE (crc32c 1a2b3c4d, COMPLETE lists 5e6f7081)".
+/// exist with the listed sizes and checksums (marker_file_problem); the
+/// marker's part of check_checkpoint (commit.h). Otherwise the reason,
+/// e.g. "missing COMPLETE marker", "model.safetensors has 10 bytes, COMPLETE
+/// lists 20" or "trainer_state.json fails its checksum in COMPLETE (crc32c
+/// 0x1a2b3c4d, COMPLETE lists 0x5e6f7081): the file was changed after the save".
 std::string incomplete_reason(const std::filesystem::path& dir, int64_t step);
+
+/// What a COMPLETE marker's line vouches for, besides a file's size.
+enum class MarkerSum : uint8_t {
+  None,    // "file": the size alone (markers of earlier versions)
+  Whole,   // "sum": the CRC32C of the whole file
+  Header,  // "head": the CRC32C of a safetensors file's header (read_header_bytes)
+};
 
 /// One file a COMPLETE marker lists.
 struct MarkerFile {
   std::string name;  // plain file name inside the checkpoint directory
   uintmax_t size = 0;
-  std::optional<uint32_t> crc32c;  // of the whole file; set for every file but safetensors data
+  MarkerSum sum = MarkerSum::None;
+  uint32_t crc32c = 0;  // of what `sum` says
 };
 
-/// Empty when `dir`/`f.name` has the size (and the checksum, when listed) that
-/// the marker gives; else the problem, naming the file.
+/// Empty when `dir`/`f.name` has the size and the checksum that the marker
+/// gives; else the problem, naming the file.
 std::string marker_file_problem(const std::filesystem::path& dir, const MarkerFile& f);
 
 /// A COMPLETE marker as read back, without looking at the files it lists.
@@ -189,8 +206,8 @@ struct CompleteMarker {
 CompleteMarker read_complete_marker(const std::filesystem::path& dir);
 
 /// The COMPLETE marker's text for `step`, listing `files_written` (plain
-/// names inside `dir`) with their sizes and, but for safetensors files, their
-/// whole-file CRC32C; each file is fsynced first, so the
+/// names inside `dir`) with their sizes and checksums: a safetensors file's
+/// header, any other file whole; each file is fsynced first, so the
 /// marker never vouches for data that is not yet durable. Throws st::Error
 /// naming a file that cannot be read.
 std::string complete_marker_text(const std::filesystem::path& dir, int64_t step,

@@ -253,7 +253,8 @@ void Loader::verify(const std::vector<ByteRange>& ranges, const std::vector<uint
              "internal: checksummed ranges of '{}' in '{}' cover {} bytes", chunk.key, chunk.file, covered);
     ST_CHECK(crc == chunk.crc32c,
              "checksum mismatch in '{}', tensor '{}' ({} kind {}): crc32c {} but the index records {}",
-             (fs::path(catalog.dir) / chunk.file).string(), chunk.key, chunk.fqn, chunk.kind, crc, chunk.crc32c);
+             (fs::path(catalog.dir) / chunk.file).string(), chunk.key, chunk.fqn, chunk.kind, crc_text(crc),
+             crc_text(chunk.crc32c));
   }
 }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "checkpoint/fs.h"
+#include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/file.h"
 #include "core/format.h"
@@ -24,7 +25,6 @@ using nlohmann::json;
 // Small files (indexes, trainer_state.json, config.json, the tokenizer) travel
 // whole; larger ones that are not tensor data are not needed to load.
 constexpr uintmax_t kMaxSmallFile = uintmax_t{16} << 20;
-constexpr uint64_t kMaxHeader = uint64_t{100} << 20;
 
 std::string to_hex(std::string_view bytes) {
   static constexpr char kHexDigits[] = "0123456789abcdef";
@@ -44,19 +44,6 @@ std::string from_hex(const std::string& hex) {
   return out;
 }
 
-// The 8-byte length and the JSON header of a safetensors file.
-std::string header_bytes(const fs::path& path) {
-  const UniqueFd fd = open_regular_file(path, "checkpoint file");
-  uint64_t len = 0;
-  ST_CHECK(::pread(fd.get(), &len, 8, 0) == 8, "checkpoint file '{}' is too short for a safetensors header",
-           path.string());
-  ST_CHECK(len <= kMaxHeader, "checkpoint file '{}': header length {} is too large", path.string(), len);
-  std::string out(8 + len, '\0');
-  ST_CHECK(::pread(fd.get(), out.data(), out.size(), 0) == static_cast<ssize_t>(out.size()),
-           "checkpoint file '{}' is shorter than its header", path.string());
-  return out;
-}
-
 // What this host holds of the step: each regular file with its size, and the
 // header (data files) or the whole text (small files).
 json list_step(const fs::path& dir) {
@@ -69,7 +56,8 @@ json list_step(const fs::path& dir) {
     const std::string name = e.path().filename().string();
     const uintmax_t size = e.file_size();
     if (name.ends_with(".safetensors")) {
-      files.push_back({{"name", name}, {"size", size}, {"data", true}, {"bytes", to_hex(header_bytes(e.path()))}});
+      files.push_back(
+          {{"name", name}, {"size", size}, {"data", true}, {"bytes", to_hex(read_header_bytes(e.path().string()))}});
     } else if (size <= kMaxSmallFile) {
       files.push_back(
           {{"name", name}, {"size", size}, {"data", false}, {"bytes", to_hex(read_file(e.path(), "checkpoint file"))}});

@@ -94,6 +94,18 @@ std::vector<std::string> skip_warnings(const RootView& lead, const ResumeChoice&
   return out;
 }
 
+// The refusal when `latest` names a step but no step directory is there: a
+// checkpoint was committed here and is gone (deleted, renamed), so starting
+// from step 0 would silently throw it away.
+std::string missing_latest_message(const fs::path& root, int64_t named) {
+  return format(
+      "--resume auto: {}/{} names {}, but {}{} holds no step directory (it was deleted, moved or renamed)\n"
+      "Nothing was trained or deleted. To go on: restore {} and run the same command again; or resume from another "
+      "checkpoint with --resume PATH; or start over with --overwrite (moves `latest` into {}/overwritten-<UTC time>/).",
+      root.string(), kLatestFileName, step_dir_name(named), root.string(), absolute_note(root), step_dir_name(named),
+      root.string());
+}
+
 }  // namespace
 
 std::string view_to_json(const RootView& view) {
@@ -104,7 +116,8 @@ std::string view_to_json(const RootView& view) {
             {"error", view.error},
             {"steps", steps},
             {"latest", view.latest ? json(*view.latest) : json(nullptr)},
-            {"latest_problem", view.latest_problem}};
+            {"latest_problem", view.latest_problem},
+            {"latest_found", view.latest_found}};
   return j.dump();
 }
 
@@ -120,6 +133,7 @@ RootView view_from_json(const std::string& text) {
                             s.at("away").get<std::vector<std::string>>()});
     if (!j.at("latest").is_null()) view.latest = j.at("latest").get<int64_t>();
     view.latest_problem = j.at("latest_problem").get<std::string>();
+    view.latest_found = j.at("latest_found").get<bool>();
   } catch (const json::exception& e) {
     ST_FAIL("a rank's view of the checkpoint directory is malformed: {}", e.what());
   }
@@ -163,6 +177,7 @@ ResumePlan decide_resume(const fs::path& root, std::span<const RootView> views) 
   }
   if (lead.steps.empty()) {
     const auto differing = ranks_differing(views, [](const RootView& v) { return !v.steps.empty(); });
+    if (differing.empty() && lead.latest) return refuse(missing_latest_message(root, *lead.latest));
     if (differing.empty()) return plan;  // Fresh: no step directory anywhere
     return refuse(disagreement_message(root, views, differing, "sees no step directory (it would start from step 0)"));
   }
@@ -204,6 +219,7 @@ RootView merge_host_views(std::span<const RootView> views) {
     if (!v.error.empty()) out.error += format("{}on host {}: {}", out.error.empty() ? "" : "; ", v.host, v.error);
     for (const StepView& s : v.steps) by_step[s.step].emplace_back(v.host, &s);
     if (v.latest && (!out.latest || *v.latest > *out.latest)) out.latest = v.latest;
+    out.latest_found = out.latest_found || v.latest_found;
   }
   if (!out.error.empty()) return out;
   if (!out.latest && !views.empty()) out.latest_problem = views[0].latest_problem;

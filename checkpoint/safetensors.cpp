@@ -315,6 +315,26 @@ void SafetensorsFile::parse_header() {
   names_ = check_tiling(std::move(spans), file_size_ - data_start, path_);
 }
 
+std::string read_header_bytes(const std::string& path) {
+  const UniqueFd fd = open_regular_file(path, "safetensors file");
+  struct stat st {};
+  ST_CHECK(::fstat(fd.get(), &st) == 0, "cannot stat safetensors file '{}': {}", path, errno_text(errno));
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  ST_CHECK(file_size >= 8, "safetensors file '{}' is truncated: {} bytes, too short for the 8-byte header length", path,
+           file_size);
+  std::string out(8, '\0');
+  pread_all(fd.get(), reinterpret_cast<std::byte*>(out.data()), 8, 0, path);
+  const uint64_t header_len = load_le64(reinterpret_cast<const std::byte*>(out.data()));
+  ST_CHECK(header_len <= kMaxHeaderBytes, "safetensors file '{}': header length {} exceeds the limit of {} bytes", path,
+           header_len, kMaxHeaderBytes);
+  ST_CHECK(header_len <= file_size - 8,
+           "safetensors file '{}': header length {} runs past the end of the file ({} bytes)", path, header_len,
+           file_size);
+  out.resize(8 + header_len);
+  pread_all(fd.get(), reinterpret_cast<std::byte*>(out.data()) + 8, header_len, 8, path);
+  return out;
+}
+
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   auto it = tensors_.find(name);
   ST_CHECK(it != tensors_.end(), "no tensor '{}' in file '{}'", name, path_);

@@ -60,6 +60,13 @@ struct HeaderTensor {
 std::string safetensors_header(const std::vector<HeaderTensor>& tensors,
                                const std::map<std::string, std::string>& metadata);
 
+/// The bytes of safetensors file `path` before its data section: the 8-byte
+/// length and the header it gives, unparsed (what the COMPLETE marker's
+/// header checksum covers, index.h). Throws naming the file when it is not a
+/// regular file, is shorter than its header, or gives a length above
+/// kMaxHeaderBytes.
+std::string read_header_bytes(const std::string& path);
+
 /// Collects tensors and metadata, then writes one file. Tensors are laid out
 /// contiguously in the order they were added (callers choose the order, e.g.
 /// to keep a model's parameters in definition order); the header's JSON keys

@@ -35,12 +35,6 @@ namespace {
 
 // ---- shared ------------------------------------------------------------------------
 
-std::string hex8(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%08x", v);
-  return buf;
-}
-
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
 /// Orders digit runs by value, so that layers.2 comes before layers.10.
@@ -308,7 +302,7 @@ void check_chunk(const SafetensorsFile& file, const std::string& name, const Chu
   out.bytes += static_cast<int64_t>(info.nbytes);
   if (ref.tensor->checksummed && scan.crc != c.crc32c)
     out.problems.push_back(format("{}: {} fails its checksum (crc32c {}, the index says {})", name, label,
-                                  hex8(scan.crc), hex8(c.crc32c)));
+                                  crc_text(scan.crc), crc_text(c.crc32c)));
   // Training state is never saved non-finite; a value that is would make a resumed run fail at once.
   if (scan.bad.any())
     out.problems.push_back(format("{}: {} holds non-finite values: {} NaN and {} Inf, the first at element {}", name,
@@ -561,14 +555,12 @@ Conversion open_conversion(const std::string& path, Layout to, const std::string
   c.out_path = fs::absolute(trimmed).lexically_normal();
   std::error_code ec;
   ST_CHECK(!fs::exists(c.out_path, ec), "{} already exists; ckpt convert writes a new directory", out);
+  const CheckedCheckpoint checked = check_checkpoint(c.src.path);
+  ST_CHECK(checked.problem.empty(), "{} is not a complete checkpoint ({}); see ckpt verify", c.src.path,
+           checked.problem);
   c.catalog = read_catalog(c.src.path);
   c.state = read_trainer_state_if_present(c.src.path);
-  const CompleteMarker marker = read_complete_marker(c.src.path);
-  if (c.catalog.format != kHuggingFaceFormat) {
-    std::string reason = marker.problem.empty() ? incomplete_reason(c.src.path, marker.step) : marker.problem;
-    ST_CHECK(reason.empty(), "{} is not a complete checkpoint ({}); see ckpt verify", c.src.path, reason);
-  }
-  c.step = c.state ? c.state->step : std::max<int64_t>(marker.step, 0);
+  c.step = c.state ? c.state->step : std::max<int64_t>(checked.step, 0);
   return c;
 }
 
@@ -666,9 +658,9 @@ Inspection inspect_checkpoint(const std::string& path) {
   out.note = resolved.note;
   out.catalog = read_catalog(out.dir);
   out.state = read_trainer_state_if_present(out.dir);
-  CompleteMarker marker = read_complete_marker(out.dir);
-  out.marker_step = marker.step;
-  out.incomplete = marker.problem.empty() ? incomplete_reason(out.dir, marker.step) : marker.problem;
+  const CheckedCheckpoint checked = check_checkpoint(out.dir);
+  out.marker_step = checked.step;
+  out.incomplete = checked.model_dir ? "missing COMPLETE marker" : checked.problem;
   out.files = list_files(out.dir);
   return out;
 }
@@ -718,10 +710,19 @@ VerifyReport verify_checkpoint(const std::string& path, int threads) {
   report.note = resolved.note;
   const fs::path dir(report.dir);
 
+  // A root whose `latest` names no complete step is damaged, whatever the step it falls back to holds.
+  if (resolved.latest_damaged) {
+    report.problems.push_back(format("{} (the root is damaged: --resume auto would fall back)", resolved.note));
+    report.note.clear();  // said once, as the problem
+  }
   const CompleteMarker marker = read_complete_marker(dir);
-  const bool no_marker = !fs::exists(dir / kCompleteMarkerName);
+  const bool no_marker = !fs::exists(fs::symlink_status(dir / kCompleteMarkerName));
   const std::set<std::string> listed = check_marker(dir, marker, no_marker, report.problems);
   check_trainer_state(report.dir, marker, report.problems);
+  // What every load checks (check_checkpoint) fails only where the listing above found something, or names it.
+  const CheckedCheckpoint checked = check_checkpoint(dir);
+  if (!checked.problem.empty() && report.problems.empty()) report.problems.push_back(checked.problem);
+  report.unchecked = checked.unchecked_note(report.dir);
 
   Catalog catalog;
   try {

@@ -53,6 +53,7 @@ std::string inspection_json(const Inspection& inspection);
 struct VerifyReport {
   std::string dir;
   std::string note;                   // from resolve_checkpoint_dir
+  std::string unchecked;              // CheckedCheckpoint::unchecked_note (files without a checksum)
   std::vector<std::string> problems;  // one line each, naming the file and the tensor
   int64_t tensors = 0;                // (FQN, kind) pairs in the catalog
   int64_t chunks = 0;                 // stored pieces checked
@@ -62,7 +63,9 @@ struct VerifyReport {
   /// "verified 42 tensors (42 chunks) in 7 files, 12.3 MB: OK", or the count of problems.
   std::string summary() const;
 };
-/// Checks the COMPLETE marker (each listed file present with its size), that
+/// Checks a root's `latest` (naming a step that is not complete is a problem,
+/// though the newest complete step is then checked), the COMPLETE marker
+/// (each listed file present with its size and checksum), that
 /// the index parses and its chunks cover every tensor, and every chunk's
 /// CRC32C and finiteness, with `threads` files read at once; reports every
 /// problem found, not only the first.

@@ -272,6 +272,7 @@ ResumePoint Checkpointer::load_from(const std::string& path, bool init) {
              state.sharding_strategy.empty() ? std::string("?") : state.sharding_strategy, read, loaded.seconds,
              loaded.skipped_model_weights ? " (model weights not read: master weights are)" : "");
   log_schedule_change(state, state.step);
+  log_data_change(state, path);
   return ResumePoint{state.step, state.consumed_samples, path};
 }
 
@@ -293,6 +294,42 @@ void Checkpointer::log_schedule_change(const checkpoint::TrainerState& state, in
   }
   log_.warn0("{}: step {} uses lr {:.3e} under this run's schedule, {:.3e} under the checkpoint's", change, step + 1,
              ours, theirs);
+}
+
+namespace {
+
+// train.seed and every data.* key of `config`, with their values as YAML writes them.
+std::map<std::string, std::string> data_keys(Config config) {
+  std::map<std::string, std::string> out;
+  for (const ConfigKeyDoc& k : config_keys([&config](const KeyVisitor& v) { visit_keys(config, v); }))
+    if (k.key == "train.seed" || k.key.starts_with("data.")) out[k.key] = k.default_value;
+  return out;
+}
+
+}  // namespace
+
+void Checkpointer::log_data_change(const checkpoint::TrainerState& state, const std::string& path) {
+  if (state.config_yaml.empty()) return;  // an earlier version's checkpoint may not say
+  Config theirs;
+  try {
+    // Not validated: data.path of the saving run need not exist any more.
+    load_yaml([&theirs](const KeyVisitor& v) { visit_keys(theirs, v); }, state.config_yaml,
+              (fs::path(path) / checkpoint::kTrainerStateFileName).string());
+  } catch (const Error&) {
+    return;  // keys of another version: nothing to compare them with
+  }
+  const std::map<std::string, std::string> before = data_keys(theirs), now = data_keys(config_);
+  std::string changes;
+  for (const auto& [key, value] : now) {
+    const auto it = before.find(key);
+    if (it != before.end() && it->second != value)
+      changes += format("{}{} {} -> {}", changes.empty() ? "" : ", ", key, it->second, value);
+  }
+  if (changes.empty()) return;
+  log_.warn0(
+      "the data settings differ from the checkpoint's ({}): from step {} on, the run sees other samples than the "
+      "checkpoint's run would have (the loss may jump)",
+      changes, state.step + 1);
 }
 
 }  // namespace st::launch

@@ -108,6 +108,9 @@ class Checkpointer {
   // Warns when train.steps or the schedule kind differs from the checkpoint's,
   // with the learning rate of the next step under both.
   void log_schedule_change(const checkpoint::TrainerState& state, int64_t step);
+  // Warns when train.seed or a data.* key differs from the checkpoint's run
+  // (the samples that follow are not the ones that run would have seen).
+  void log_data_change(const checkpoint::TrainerState& state, const std::string& path);
 
   const Config& config_;
   fsdp::ShardedModel& model_;

@@ -166,6 +166,7 @@ int run(const std::vector<std::string>& argv, int& rank) {
     case CkptCommand::Verify: {
       const ckpt::VerifyReport report = ckpt::verify_checkpoint_parts(args.parts, args.threads);
       if (!report.note.empty()) std::fprintf(stderr, "ckpt: %s\n", report.note.c_str());
+      if (!report.unchecked.empty()) std::fprintf(stderr, "ckpt: note: %s\n", report.unchecked.c_str());
       for (const std::string& problem : report.problems) std::fprintf(stderr, "ckpt: %s\n", problem.c_str());
       std::fprintf(report.ok() ? stdout : stderr, "%s\n", report.summary().c_str());
       return report.ok() ? 0 : 1;

@@ -185,23 +185,26 @@ std::string auto_checkpoint(const GenerateArgs& args) {
   return choice->path;
 }
 
-/// The directory to load: a checkpoint that is complete (its COMPLETE marker
-/// intact and every file it lists present), or a Hugging Face model directory.
-std::string checkpoint_dir(const GenerateArgs& args) {
+/// The directory `--checkpoint` names (a root stands for its newest complete step).
+fs::path named_checkpoint(const GenerateArgs& args) {
   if (args.checkpoint == "auto") return auto_checkpoint(args);
   std::error_code ec;
   ST_CHECK(fs::exists(args.checkpoint, ec), "checkpoint {} does not exist", args.checkpoint);
   const st::checkpoint::ResolvedDir resolved = st::checkpoint::resolve_checkpoint_dir(args.checkpoint);
   if (!resolved.note.empty()) std::fprintf(stderr, "generate: %s\n", resolved.note.c_str());
-  const fs::path dir = resolved.path;
-  const auto state = st::checkpoint::read_trainer_state_if_present(dir);
-  if (state) {
-    const std::string why = st::checkpoint::incomplete_reason(dir, state->step);
-    ST_CHECK(why.empty(), "checkpoint {} is incomplete: {}", dir.string(), why);
-  } else {
-    ST_CHECK(fs::is_regular_file(dir / st::models::kHfConfigName, ec),
-             "{} is not a checkpoint: it has neither trainer_state.json nor config.json", dir.string());
-  }
+  return resolved.path;
+}
+
+/// The directory to load: a checkpoint that passes the trainer's own check
+/// (check_checkpoint: COMPLETE marker, sizes, checksums), or a Hugging Face model directory.
+std::string checkpoint_dir(const GenerateArgs& args) {
+  const fs::path dir = named_checkpoint(args);
+  std::error_code ec;
+  const st::checkpoint::CheckedCheckpoint checked = st::checkpoint::require_checkpoint(dir);
+  if (const std::string note = checked.unchecked_note(dir.string()); !note.empty())
+    std::fprintf(stderr, "generate: note: %s\n", note.c_str());
+  ST_CHECK(!checked.model_dir || fs::is_regular_file(dir / st::models::kHfConfigName, ec),
+           "{} is not a checkpoint: it has neither trainer_state.json nor config.json", dir.string());
   return dir.string();
 }
 

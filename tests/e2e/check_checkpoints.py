@@ -34,7 +34,26 @@ CHECK is one of:
   compat      checkpoints written by an earlier version (tests/fixtures/ckpt-v1-*, both
               layouts, step 2 of a 4-step run of a 1-layer LLaMA) still load at 1 and 2
               ranks: steps 3-4 within COMPAT_BOUND of an uninterrupted run today (not
-              bit-identical: kernels may round differently since), and `ckpt verify` passes
+              bit-identical: kernels may round differently since), and `ckpt verify` passes,
+              noting the files its marker gives no checksum for
+  load-paths  (issue 36) every way into a checkpoint applies the same check: a same-size edit
+              of trainer_state.json (consumed_samples), and a COMPLETE marker that is
+              edited, empty, a FIFO or a directory, are each refused by --resume PATH,
+              checkpoint.init_from, generate --checkpoint, ckpt convert and ckpt verify
+              (exit 1, the file named, nothing trained), and skipped with a warning by
+              --resume auto, which resumes the step before; a flipped data byte prints
+              its CRC32Cs in hex (0x...)
+  header      (issue 36) two shapes of a master-weights header swapped (same size):
+              ckpt verify fails naming the header's checksum; --resume auto warns and
+              resumes the intact step before, never "does not fit this run"
+  latest-missing (issue 36) `latest` names step-000030 but the step directory was
+              renamed step-30: --resume auto exits 1 before step 1 naming it; nothing
+              trained, `latest` unchanged
+  latest-full (issue 36) writing .latest.tmp fails with ENOSPC (it is a link to
+              /dev/full) after step 10 was renamed into place: exit 1 saying step 10
+              is complete and committed and `latest` still names step-000005
+  data-change (issue 36) --resume with another train.seed and data.token_dtype warns
+              naming both keys with old and new values; an unchanged run does not
 Each check prints what it measured; a failure exits 1.
 """
 import json
@@ -48,7 +67,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, check_main, fail, loss_by_step, mpirun, run, sets  # noqa: E402
+from harness import (  # noqa: E402
+    ROOT, check_main, crc32c, expect, fail, loss_by_step, mpirun, resum_marker, run, sets)
 
 TINY = "configs/llama-tiny.yaml"
 # Elastic restarts change the reduction order (other world sizes, shard
@@ -214,9 +234,10 @@ def check_options(trainer, tmp):
     ckpt = os.path.join(tmp, "compat")
     train(trainer, 4, tmp, "first", sets(checkpoint__dir=ckpt) + ["--stop-after", "10"])
     step10 = latest_of(ckpt)
-    for n in os.listdir(step10):
-        if n.startswith("master_weights"):
-            os.remove(os.path.join(step10, n))
+    dropped = [n for n in os.listdir(step10) if n.startswith("master_weights")]
+    for n in dropped:
+        os.remove(os.path.join(step10, n))
+    drop_from_marker(step10, dropped)  # as a save that never wrote them would have
     _, proc = train(trainer, 4, tmp, "refused", ["--resume", step10], expect_ok=False)
     if proc.returncode == 0 or "master_weight_compatible" not in proc.stderr:
         fail("resuming BF16 model weights without master weights did not ask for master_weight_compatible")
@@ -227,6 +248,16 @@ def check_options(trainer, tmp):
     print(f"options: master_weight_compatible from BF16 model weights: max relative loss difference {worst:.2e}")
     if sorted(compat) != list(range(11, 21)) or not 0 < worst < 1e-2:
         fail("master_weight_compatible resume is not close to the uninterrupted run")
+
+
+def drop_from_marker(step_dir, names):
+    """Rewrites step_dir's COMPLETE marker without the lines of `names` (and with its own new CRC32C)."""
+    path = os.path.join(step_dir, "COMPLETE")
+    with open(path) as f:
+        lines = f.read().splitlines()[:-1]  # without its crc32c line
+    body = "".join(line + "\n" for line in lines if line.rsplit(" ", 1)[-1] not in names)
+    with open(path, "w") as f:
+        f.write(body + f"crc32c {crc32c(body.encode()):08x}\n")
 
 
 def check_init_from(trainer, tmp):
@@ -286,8 +317,10 @@ def complete(step_dir):
     except OSError:
         return False
     for line in lines:
-        if line.startswith("file "):
-            _, size, name = line.split(" ", 2)
+        kind = line.split(" ", 1)[0]
+        if kind in ("file", "head", "sum"):  # "file SIZE NAME", "head|sum SIZE CRC NAME"
+            fields = line.split(" ", 2 if kind == "file" else 3)
+            size, name = fields[1], fields[-1]
             p = os.path.join(step_dir, name)
             if not os.path.exists(p) or os.path.getsize(p) != int(size):
                 return False
@@ -405,7 +438,8 @@ def check_corruption(trainer, tmp):
     with open(os.path.join(d, "optimizer.safetensors.index.json")) as f:
         gone = sorted(set(json.load(f)["weight_map"].values()))[0]
     os.remove(os.path.join(d, gone))
-    expect_failure(trainer, tmp, "missing-file", ["--resume", d], [os.path.join(d, gone), "is missing"], ckpt)
+    expect_failure(trainer, tmp, "missing-file", ["--resume", d], [f"checkpoint {d} is damaged or incomplete: {gone} "
+                                                                   "is missing"], ckpt)
 
     d = variant("missing-tensor")
     path = os.path.join(d, "optimizer.safetensors.index.json")
@@ -414,6 +448,8 @@ def check_corruption(trainer, tmp):
     del index["weight_map"]["model.norm.weight.exp_avg"]
     with open(path, "w") as f:
         json.dump(index, f)
+    # Edited as a buggy save would leave it, the marker vouching for it: the fit check must still name the tensor.
+    resum_marker(d, "optimizer.safetensors.index.json")
     expect_failure(trainer, tmp, "tensor-missing-from-index", ["--resume", d],
                    ["1 tensor(s) the run needs are missing from it: model.norm.weight (exp_avg)"], ckpt)
 
@@ -484,6 +520,9 @@ def check_compat(trainer, tmp):
         proc = run([ckpt_tool, "verify", stored], expect_ok=False)
         if proc.returncode != 0:
             fail(f"ckpt verify {stored}: {proc.stdout[-1500:]} {proc.stderr[-1500:]}")
+        # Its marker gives sizes alone (version 1): loadable, and said (issue 36).
+        if "was saved by an earlier version: its COMPLETE marker gives no checksum for" not in proc.stderr:
+            fail(f"ckpt verify {stored} did not say which files no checksum covers: {proc.stderr[-1500:]}")
         for np in (1, 2):
             losses, proc = train(trainer, np, tmp, f"{layout}-{np}", COMPAT + ["--resume", stored], steps=4)
             if sorted(losses) != [3, 4] or f"resumed from {stored}" not in proc.stderr:
@@ -495,10 +534,195 @@ def check_compat(trainer, tmp):
                 fail(f"resumed from the v1 {layout} checkpoint, the loss differs by {rel:.2e} > {COMPAT_BOUND}")
 
 
+# ---- issue 36: one check on every way in ----------------------------------------------
+
+def tools_of(trainer):
+    bin_dir = os.path.dirname(trainer)
+    return os.path.join(bin_dir, "ckpt"), os.path.join(bin_dir, "generate")
+
+
+def saved_root(trainer, tmp, name, *stops):
+    """A root of 1-rank llama-tiny checkpoints at each step of `stops` (60-step run)."""
+    root = os.path.join(tmp, name)
+    for stop in stops:
+        run([trainer, "--config", TINY, "--steps", "60", "--stop-after", str(stop)] + sets(checkpoint__dir=root))
+    return root
+
+
+def edit_consumed_samples(step_dir):
+    """consumed_samples 240 -> 248 in place (same size), as the issue did."""
+    path = os.path.join(step_dir, "trainer_state.json")
+    with open(path) as f:
+        text = f.read()
+    edited = text.replace('"consumed_samples": 240,', '"consumed_samples": 248,')
+    if edited == text:
+        fail(f"{path} does not record consumed_samples 240")
+    with open(path, "w") as f:
+        f.write(edited)
+
+
+def damage_marker(kind):
+    def damage(step_dir):
+        marker = os.path.join(step_dir, "COMPLETE")
+        with open(marker) as f:
+            text = f.read()
+        os.remove(marker)
+        if kind == "edited":
+            with open(marker, "w") as f:
+                f.write(text.replace("step 20\n", "step 21\n"))
+        elif kind == "empty":
+            open(marker, "w").close()
+        elif kind == "FIFO":
+            os.mkfifo(marker)
+        else:
+            os.mkdir(marker)
+    return damage
+
+
+# (what, damage, what the error says about it)
+DAMAGES = [("trainer_state.json edited (same size)", edit_consumed_samples,
+            "trainer_state.json fails its checksum in COMPLETE (crc32c 0x"),
+           ("COMPLETE edited", damage_marker("edited"), "COMPLETE marker fails its crc32c check"),
+           ("COMPLETE empty", damage_marker("empty"), "COMPLETE marker is truncated"),
+           ("COMPLETE a FIFO", damage_marker("FIFO"), "COMPLETE is not a regular file"),
+           ("COMPLETE a directory", damage_marker("directory"), "COMPLETE is a directory, not a file")]
+
+
+def check_load_paths(trainer, tmp):
+    ckpt_tool, generate = tools_of(trainer)
+    root = saved_root(trainer, tmp, "good", 10, 20)
+    base = [trainer, "--config", TINY, "--steps", "60", "--stop-after", "21"]
+    for i, (what, damage, said) in enumerate(DAMAGES):
+        copy = os.path.join(tmp, f"damaged-{i}")
+        shutil.copytree(os.path.join(root, "step-000010"), os.path.join(copy, "step-000010"))
+        shutil.copytree(os.path.join(root, "step-000020"), os.path.join(copy, "step-000020"))
+        shutil.copy(os.path.join(root, "latest"), copy)
+        step20 = os.path.join(copy, "step-000020")
+        damage(step20)
+        ways = {
+            "--resume PATH": base + ["--resume", step20],
+            "checkpoint.init_from": base + sets(checkpoint__init_from=step20),
+            "generate --checkpoint": [generate, "--checkpoint", step20, "--prompt", "a", "--max-new-tokens", "2"],
+            "ckpt convert": [ckpt_tool, "convert", step20, "--to", "sharded", os.path.join(tmp, f"out-{i}")],
+        }
+        for way, cmd in ways.items():
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+            expect(proc, 1, step20, said, what=f"{what}: {way}")
+            if "step 21/60" in proc.stderr or os.path.exists(os.path.join(tmp, f"out-{i}")):
+                fail(f"{what}: {way} trained or wrote output")
+        proc = subprocess.run([ckpt_tool, "verify", step20], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        expect(proc, 1, said, "FAILED", what=f"{what}: ckpt verify")
+        # --resume auto skips it with a warning naming why and resumes the step before.
+        proc = subprocess.run(base + sets(checkpoint__dir=copy), cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        expect(proc, 0, "latest names step-000020, which is incomplete (", said,
+               f"resumed from {os.path.join(copy, 'step-000010')}", what=f"{what}: --resume auto")
+        print(f"load-paths: {what}: --resume PATH, init_from, generate, ckpt convert and verify exit 1 naming it; "
+              f"--resume auto falls back to step-000010")
+    # A flipped data byte: the trainer prints the CRC32Cs as ckpt verify does, in hex.
+    flipped = os.path.join(tmp, "flipped")
+    shutil.copytree(os.path.join(root, "step-000020"), flipped)
+    key = "model.layers.0.self_attn.q_proj.weight"
+    with open(os.path.join(flipped, "master_weights.safetensors.index.json")) as f:
+        flip_byte(os.path.join(flipped, json.load(f)["weight_map"][key]), key)
+    proc = run(base + ["--resume", flipped], expect_ok=False)
+    line = expect(proc, 1, f"tensor '{key}'", "crc32c 0x", "but the index records 0x", what="flipped byte")
+    print("load-paths: a flipped byte: " + [ln for ln in line.splitlines() if "crc32c 0x" in ln][0][:200])
+
+
+def swap_header_shapes(path, a, b):
+    """Swaps the shapes of tensors a and b (of equal length as JSON) in a safetensors header, in place."""
+    with open(path, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        text = f.read(n).decode()
+        header = json.loads(text)
+        sa, sb = (json.dumps(header[k]["shape"], separators=(",", ":")) for k in (a, b))
+        edited = text.replace(sa, "\0", 1).replace(sb, sa, 1).replace("\0", sb, 1)
+        if len(edited) != len(text) or json.loads(edited)[a]["shape"] != header[b]["shape"]:
+            fail(f"cannot swap the shapes of {a} and {b} in place in {path}")
+        f.seek(8)
+        f.write(edited.encode())
+
+
+def check_header(trainer, tmp):
+    ckpt_tool, _ = tools_of(trainer)
+    root = saved_root(trainer, tmp, "root", 10, 20)
+    step20 = os.path.join(root, "step-000020")
+    with open(os.path.join(step20, "master_weights.safetensors.index.json")) as f:
+        weight_map = json.load(f)["weight_map"]
+    a, b = "model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.gate_proj.weight"  # [64,172], [172,64]
+    swap_header_shapes(os.path.join(step20, weight_map[a]), a, b)
+    said = f"{weight_map[a]}: its header fails its checksum in COMPLETE (crc32c 0x"
+    proc = run([ckpt_tool, "verify", step20], expect_ok=False)
+    expect(proc, 1, said, "FAILED", what="ckpt verify of a swapped header")
+    proc = run([trainer, "--config", TINY, "--steps", "60", "--stop-after", "21"] + sets(checkpoint__dir=root),
+               expect_ok=False)
+    out = expect(proc, 0, "latest names step-000020, which is incomplete (" + said,
+                 f"resumed from {os.path.join(root, 'step-000010')}", what="--resume auto past a swapped header")
+    if "does not fit this run" in out or "--overwrite" in out:
+        fail("a swapped header was treated as a checkpoint that does not fit")
+    print(f"header: shapes of {a} and {b} swapped in {weight_map[a]}: ckpt verify exit 1, "
+          f"--resume auto warned and resumed step-000010")
+
+
+def check_latest_missing(trainer, tmp):
+    root = saved_root(trainer, tmp, "root", 30)
+    for older in ("step-000010", "step-000020"):  # the only checkpoint, as in the issue
+        shutil.rmtree(os.path.join(root, older))
+    os.rename(os.path.join(root, "step-000030"), os.path.join(root, "step-30"))
+    metrics = os.path.join(tmp, "m.jsonl")
+    proc = run([trainer, "--config", TINY, "--steps", "60"] + sets(checkpoint__dir=root, logging__metrics_file=metrics),
+               expect_ok=False)
+    expect(proc, 1, f"--resume auto: {root}/latest names step-000030, but {root}", "holds no step directory",
+           "Nothing was trained or deleted", what="latest naming a missing step")
+    if os.path.exists(metrics) and loss_by_step(metrics):
+        fail("a run whose latest names a missing step trained")
+    with open(os.path.join(root, "latest")) as f:
+        latest = f.read()
+    steps = [n for n in os.listdir(root) if n.startswith("step-")]
+    if latest != "step-000030\n" or steps != ["step-30"]:
+        fail(f"the root changed: latest {latest!r}, step entries {steps}")
+    print("latest-missing: latest names step-000030, its directory renamed step-30: exit 1 before step 1, "
+          "latest unchanged")
+
+
+def check_latest_full(trainer, tmp):
+    root = saved_root(trainer, tmp, "root", 5)
+    os.symlink("/dev/full", os.path.join(root, ".latest.tmp"))  # every write to it fails with ENOSPC
+    proc = run([trainer, "--config", TINY, "--steps", "60", "--stop-after", "10"] + sets(checkpoint__dir=root),
+               expect_ok=False)
+    step10 = os.path.join(root, "step-000010")
+    expect(proc, 1, "No space left on device", f"{step10} is complete (step 10 was committed), but "
+           f"{os.path.join(root, 'latest')} still names step-000005", f"--resume {step10} from the committed step",
+           what="ENOSPC on .latest.tmp")
+    with open(os.path.join(root, "latest")) as f:
+        latest = f.read().strip()
+    if latest != "step-000005" or not complete(step10):
+        fail(f"after ENOSPC on .latest.tmp: latest {latest}, step 10 complete: {complete(step10)}")
+    os.remove(os.path.join(root, ".latest.tmp"))
+    print("latest-full: ENOSPC writing .latest.tmp: exit 1, the error says step-000010 is committed and latest "
+          "still names step-000005")
+
+
+def check_data_change(trainer, tmp):
+    root = saved_root(trainer, tmp, "root", 10)
+    base = [trainer, "--config", TINY, "--steps", "60", "--resume", os.path.join(root, "step-000010")]
+    proc = run(base + ["--stop-after", "11"] + sets(train__seed=7, data__token_dtype="uint32"))
+    out = expect(proc, 0, "the data settings differ from the checkpoint's (", "train.seed 1234 -> 7",
+                 "data.token_dtype uint16 -> uint32", what="changed seed and data")
+    line = [ln for ln in out.splitlines() if "data settings differ" in ln][0]
+    proc = run(base + ["--stop-after", "11"])
+    if "data settings differ" in proc.stdout + proc.stderr:
+        fail("an unchanged resume warned about data settings")
+    print(f"data-change: {line.strip()[:220]}")
+
+
 def main():
     check_main({"resume": check_resume, "async": check_async, "elastic": check_elastic, "toy": check_toy,
                 "options": check_options, "init-from": check_init_from, "crash": check_crash,
-                "corruption": check_corruption, "sigterm": check_sigterm, "compat": check_compat})
+                "corruption": check_corruption, "sigterm": check_sigterm, "compat": check_compat,
+                "load-paths": check_load_paths, "header": check_header, "latest-missing": check_latest_missing,
+                "latest-full": check_latest_full, "data-change": check_data_change})
 
 
 if __name__ == "__main__":

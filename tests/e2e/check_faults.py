@@ -334,6 +334,7 @@ def check_strict(trainer, ckpt_tool, tmp):
         state["step"] = bad
         with open(state_path, "w") as f:
             json.dump(state, f)
+        resum_marker(ten, "trainer_state.json")  # as a buggy save would leave it: the marker vouches for the file
         proc = run([trainer, "--config", TINY, "--resume", ten], expect_ok=False)
         expect(proc, 1, f"{state_path} is corrupt: 'step' is {shown}, expected a non-negative integer",
                what=f"step {bad}")
@@ -341,6 +342,7 @@ def check_strict(trainer, ckpt_tool, tmp):
     # --resume auto: a corrupt trainer_state.json falls back; a misfit does not.
     with open(state_path, "w") as f:
         f.write(good)
+    resum_marker(ten, "trainer_state.json")
     run([trainer, "--config", TINY, "--stop-after", "20"] + sets(checkpoint__dir=os.path.join(tmp, "auto")))
     auto_root = os.path.join(tmp, "auto")
     # Same size as before and re-summed in the COMPLETE marker, as a buggy save would

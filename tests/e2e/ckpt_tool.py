@@ -14,7 +14,12 @@ checkpoint.format sharded and unified, and then:
             of the model (123,712 parameters); the text form lists the same tensors and
             their count by kind
   verify    passes on the checkpoint ("verified ... : OK"); fails (exit 1) naming the
-            file and the tensor after one byte inside a tensor's data is flipped; names
+            file and the tensor after one byte inside a tensor's data is flipped (the
+            CRC32Cs in hex, 0x...); names two tensors' shapes swapped in a safetensors
+            header (same size: its header's checksum in COMPLETE); on a root whose
+            `latest` names an incomplete step (or one that is not there), exits 1 naming
+            it even though the step it falls back to verifies, while a root without
+            `latest` (a first save killed before it was written) passes; names
             a deleted file and a truncated one, and trainer_state.json after a
             same-size edit of consumed_samples (its checksum in COMPLETE)
   convert   the checkpoint converted to the other layout with 3 processes, and back with
@@ -340,8 +345,18 @@ def check_verify(env):
         bad = os.path.join(env.tmp, f"flipped-{fmt}")
         shutil.copytree(step_dir(root), bad)
         file = flip_byte(bad, fqn)
-        line = expect_failure(run(env.ckpt_cmd("verify", bad), expect_ok=False), [file, fqn], "flipped byte")
+        line = expect_failure(run(env.ckpt_cmd("verify", bad), expect_ok=False), [file, fqn, "crc32c 0x", ", the index says 0x"],
+                              "flipped byte")
         print(f"verify {fmt}, one byte flipped in {file}: exit 1: {line}")
+
+        swapped = os.path.join(env.tmp, f"swapped-{fmt}")
+        shutil.copytree(step_dir(root), swapped)
+        file = swap_two_shapes(swapped)
+        line = expect_failure(run(env.ckpt_cmd("verify", swapped), expect_ok=False),
+                              [file, "its header fails its checksum in COMPLETE (crc32c 0x"], "swapped shapes")
+        print(f"verify {fmt}, two shapes swapped in {file}'s header: exit 1: {line[:160]}")
+
+        check_verify_root(env, root, fmt)
 
         missing = os.path.join(env.tmp, f"missing-{fmt}")
         shutil.copytree(step_dir(root), missing)
@@ -393,6 +408,48 @@ def check_verify(env):
         line = expect_failure(run(env.ckpt_cmd("verify", short), expect_ok=False),
                               [data_files[0], f"{size - 100} bytes", str(size)], "truncated file")
         print(f"verify {fmt}, {data_files[0]} truncated by 100 bytes: exit 1: {line}")
+
+
+def swap_two_shapes(d):
+    """Swaps the shapes of two tensors of different shape in one data file's header, in place
+    (the header keeps its size); returns the file's name."""
+    name = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0]
+    path = os.path.join(d, name)
+    with open(path, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        text = f.read(n).decode()
+        header = json.loads(text)
+        shapes = sorted({json.dumps(v["shape"], separators=(",", ":")) for k, v in header.items()
+                         if k != "__metadata__"})
+        sa, sb = next((x, y) for x in shapes for y in shapes if x < y and len(x) == len(y))
+        edited = text.replace(sa, "\0", 1).replace(sb, sa, 1).replace("\0", sb, 1)
+        if len(edited) != len(text) or edited == text:
+            fail(f"cannot swap the shapes {sa} and {sb} in {path} in place")
+        f.seek(8)
+        f.write(edited.encode())
+    return name
+
+
+def check_verify_root(env, root, fmt):
+    """ckpt verify ROOT: a `latest` naming a step that is incomplete or not there fails it."""
+    damaged = os.path.join(env.tmp, f"root-{fmt}")
+    shutil.copytree(root, damaged)
+    shutil.copytree(step_dir(damaged), os.path.join(damaged, "step-000004"))
+    os.remove(os.path.join(damaged, "step-000004", "COMPLETE"))
+    with open(os.path.join(damaged, "latest"), "w") as f:
+        f.write("step-000004\n")
+    proc = run(env.ckpt_cmd("verify", damaged), expect_ok=False)
+    line = expect_failure(proc, ["latest names step-000004, which is incomplete (missing COMPLETE marker); using "
+                                 "step-000003", "the root is damaged"], "verify ROOT with an incomplete latest")
+    if "1 problem(s)" not in proc.stderr:
+        fail(f"verify ROOT with an incomplete latest: {proc.stderr!r}")
+    print(f"verify {fmt} ROOT whose latest names an incomplete step: exit 1: {line[:150]}")
+    shutil.rmtree(os.path.join(damaged, "step-000004"))
+    proc = run(env.ckpt_cmd("verify", damaged), expect_ok=False)
+    expect_failure(proc, ["latest names step-000004, which does not exist"], "verify ROOT with a missing latest step")
+    os.remove(os.path.join(damaged, "latest"))
+    proc = run(env.ckpt_cmd("verify", damaged))
+    print(f"verify {fmt} ROOT whose latest names a missing step: exit 1; without latest: exit 0")
 
 
 def run_guarded(cmd, what):

@@ -72,9 +72,25 @@ void write_text(const fs::path& path, const std::string& text) {
   out << text;
 }
 
-/// Writes two files of `bytes` each into the pending checkpoint; returns their names.
+/// `bytes` (>= 16) bytes that start like a safetensors file: the 8-byte
+/// length of an 8-byte header ("{}" and spaces), then `fill` standing for
+/// tensor data. The COMPLETE marker checksums the header; the data's CRCs
+/// would live in an index.
+std::string safetensors_like(size_t bytes, char fill = 'm') {
+  EXPECT_GE(bytes, 16u);
+  std::string out("\x08\0\0\0\0\0\0\0{}      ", 16);
+  return out + std::string(bytes > 16 ? bytes - 16 : 0, fill);
+}
+
+std::string crc_hex_of(const std::string& text) {
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", crc32c(std::as_bytes(std::span(text.data(), text.size()))));
+  return hex;
+}
+
+/// Writes two files into the pending checkpoint, the first of `bytes` bytes; returns their names.
 std::vector<std::string> write_payload(const PendingCheckpoint& pending, size_t bytes) {
-  write_text(pending.path() / "model.safetensors", std::string(bytes, 'm'));
+  write_text(pending.path() / "model.safetensors", safetensors_like(bytes));
   write_text(pending.path() / "trainer_state.json", std::string(bytes / 2 + 1, 's'));
   return {"model.safetensors", "trainer_state.json"};
 }
@@ -85,7 +101,8 @@ void save(const fs::path& root, int64_t step, size_t bytes = 100) {
 }
 
 // A same-size edit of a file the marker lists with a checksum (trainer_state.json)
-// makes the checkpoint incomplete, naming the file; data files keep size checks only.
+// makes the checkpoint incomplete, naming the file; so does one of a
+// safetensors header. Tensor data is left to the index's CRCs.
 TEST(Commit, SameSizeEditOfAChecksummedFileIsCaught) {
   TempRoot tmp;
   const fs::path root = tmp.path() / "ckpt";
@@ -97,8 +114,15 @@ TEST(Commit, SameSizeEditOfAChecksummedFileIsCaught) {
   EXPECT_TRUE(contains(reason, "trainer_state.json fails its checksum in COMPLETE")) << reason;
   write_text(dir / "trainer_state.json", std::string(51, 's'));  // restored
   EXPECT_EQ(incomplete_reason(dir, 5), "");
-  write_text(dir / "model.safetensors", std::string(100, 'x'));  // the tensors' CRCs live in the index
+  write_text(dir / "model.safetensors", safetensors_like(100, 'x'));  // the tensors' CRCs live in the index
   EXPECT_EQ(incomplete_reason(dir, 5), "");
+  std::string swapped = safetensors_like(100, 'x');
+  swapped.replace(8, 2, "[]");  // same size, another header
+  write_text(dir / "model.safetensors", swapped);
+  EXPECT_EQ(incomplete_reason(dir, 5),
+            format("model.safetensors: its header fails its checksum in COMPLETE (crc32c 0x{}, COMPLETE lists 0x{}): "
+                   "the file was changed after the save",
+                   crc_hex_of(swapped.substr(0, 16)), crc_hex_of(safetensors_like(16))));
 }
 
 TEST(Commit, StepNamesRoundTrip) {
@@ -131,7 +155,8 @@ TEST(Commit, CommitCreatesStepDirMarkerAndLatest) {
   EXPECT_EQ(fs::file_size(dir / "model.safetensors"), 100u);
   std::string marker = read_text(dir / "COMPLETE");
   EXPECT_TRUE(contains(marker, "step 200\n"));
-  EXPECT_TRUE(contains(marker, "file 100 model.safetensors\n"));
+  // Safetensors: listed with the CRC32C of its header (the length and the JSON).
+  EXPECT_TRUE(contains(marker, "head 100 " + crc_hex_of(safetensors_like(16)) + " model.safetensors\n")) << marker;
   // Not safetensors: listed with its whole-file CRC32C.
   const std::string state(51, 's');
   char sum[64];
@@ -220,7 +245,7 @@ TEST(Resume, TornOrEditedMarkerIsIncomplete) {
   write_text(marker, text.substr(0, text.size() / 2));
   EXPECT_TRUE(contains(incomplete_reason(tmp.path() / "step-000300", 300), "COMPLETE marker"));
   std::string edited = text;
-  edited.replace(edited.find("file 100"), 8, "file 101");
+  edited.replace(edited.find("head 100"), 8, "head 101");
   write_text(marker, edited);
   EXPECT_EQ(incomplete_reason(tmp.path() / "step-000300", 300), "COMPLETE marker fails its crc32c check");
   EXPECT_EQ(choose_resume(tmp.path()), std::nullopt);
@@ -341,9 +366,13 @@ TEST(Resolve, RootStandsForTheCheckpointLatestNames) {
   EXPECT_TRUE(r.fell_back);
   EXPECT_EQ(r.note,
             root + ": latest names step-000200, which is incomplete (missing COMPLETE marker); using step-000100");
-  // Step directories without latest still make a root.
+  EXPECT_TRUE(r.latest_damaged);  // ckpt verify ROOT fails on it
+  // Step directories without latest still make a root (a first save killed before `latest` was written).
   fs::remove(tmp.path() / "latest");
-  EXPECT_EQ(resolve_checkpoint_dir(root).path, (tmp.path() / "step-000100").string());
+  r = resolve_checkpoint_dir(root);
+  EXPECT_EQ(r.path, (tmp.path() / "step-000100").string());
+  EXPECT_TRUE(r.fell_back);
+  EXPECT_FALSE(r.latest_damaged);
 }
 
 TEST(Resolve, NotADirectoryOrNoCompleteCheckpointIsAnError) {
@@ -355,6 +384,111 @@ TEST(Resolve, NotADirectoryOrNoCompleteCheckpointIsAnError) {
   const std::string root = tmp.path().string();
   EXPECT_EQ(error_of([&] { resolve_checkpoint_dir(root); }),
             root + " is a checkpoint root without a complete checkpoint");
+}
+
+// ---- the one check every way into a checkpoint applies (check_checkpoint) --------
+
+// What --resume PATH, init_from, generate and ckpt convert used to skip: a
+// COMPLETE marker that is edited, empty, a FIFO or a directory, and a
+// same-size edit of trainer_state.json. Each is refused naming the file.
+TEST(CheckCheckpoint, RefusesEveryDamagedMarkerNamingIt) {
+  TempRoot tmp;
+  save(tmp.path(), 30);
+  const fs::path dir = tmp.path() / "step-000030";
+  const fs::path marker = dir / "COMPLETE";
+  const std::string good = read_text(marker);
+  EXPECT_EQ(check_checkpoint(dir).problem, "");
+  EXPECT_EQ(check_checkpoint(dir).step, 30);
+  std::string edited = good;
+  edited.replace(edited.find("step 30"), 7, "step 20");
+  const std::vector<std::pair<std::function<void()>, std::string>> cases = {
+      {[&] { write_text(marker, edited); }, "COMPLETE marker fails its crc32c check"},
+      {[&] { write_text(marker, ""); }, "COMPLETE marker is truncated (no crc32c line)"},
+      {[&] { ASSERT_EQ(::mkfifo(marker.c_str(), 0644), 0); }, marker.string() + " is not a regular file"},
+      {[&] { fs::create_directory(marker); }, marker.string() + " is a directory, not a file"},
+      {[&] { fs::remove(marker); }, "missing COMPLETE marker"},
+  };
+  for (const auto& [damage, want] : cases) {
+    fs::remove(marker);
+    damage();
+    const CheckedCheckpoint checked = check_checkpoint(dir);
+    EXPECT_TRUE(contains(checked.problem, want)) << want;
+    EXPECT_EQ(error_of([&] { require_checkpoint(dir); }),
+              format("checkpoint {} is damaged or incomplete: {}", dir.string(), checked.problem));
+  }
+  fs::remove(marker);
+  write_text(marker, good);
+  std::string state = read_text(dir / "trainer_state.json");
+  state[0] = 'S';  // same size
+  write_text(dir / "trainer_state.json", state);
+  EXPECT_TRUE(contains(check_checkpoint(dir).problem, "trainer_state.json fails its checksum in COMPLETE (crc32c 0x"));
+}
+
+// Copied elsewhere under another name, a checkpoint is checked against its
+// marker's step; a directory with neither marker nor trainer_state.json is a
+// model directory, which has nothing of ours to check.
+TEST(CheckCheckpoint, AnyDirectoryNameAndModelDirectories) {
+  TempRoot tmp;
+  save(tmp.path(), 30);
+  fs::rename(tmp.path() / "step-000030", tmp.path() / "copy");
+  const CheckedCheckpoint copy = check_checkpoint(tmp.path() / "copy");
+  EXPECT_EQ(copy.problem, "");
+  EXPECT_EQ(copy.step, 30);
+  EXPECT_FALSE(copy.model_dir);
+  fs::create_directory(tmp.path() / "hf");
+  write_text(tmp.path() / "hf" / "model.safetensors", safetensors_like(32));
+  EXPECT_TRUE(check_checkpoint(tmp.path() / "hf").model_dir);
+  EXPECT_EQ(check_checkpoint(tmp.path() / "hf").problem, "");
+  // Named as a step directory it must be one.
+  fs::rename(tmp.path() / "hf", tmp.path() / "step-000040");
+  EXPECT_EQ(check_checkpoint(tmp.path() / "step-000040").problem, "missing COMPLETE marker");
+  EXPECT_EQ(check_checkpoint(tmp.path() / "nothing").problem,
+            (tmp.path() / "nothing").string() + " is not a directory");
+}
+
+// Markers of earlier versions give some files' sizes alone: still loadable,
+// their files named in a note; trainer_state.json's step must still agree.
+TEST(CheckCheckpoint, MarkersOfEarlierVersionsLoadWithANote) {
+  const CheckedCheckpoint v1 = check_checkpoint("tests/fixtures/ckpt-v1-unified");
+  EXPECT_EQ(v1.problem, "");
+  EXPECT_EQ(v1.step, 2);
+  EXPECT_EQ(v1.unchecked.size(), 6u);
+  EXPECT_TRUE(contains(v1.unchecked_note("D"),
+                       "D was saved by an earlier version: its COMPLETE marker gives no "
+                       "checksum for 6 file(s) (model-00001-of-00001.safetensors, "));
+  EXPECT_TRUE(contains(v1.unchecked_note("D"), "`ckpt convert` writes a copy with checksums of every byte"));
+  TempRoot tmp;
+  const fs::path dir = tmp.path() / "v1";
+  fs::copy("tests/fixtures/ckpt-v1-unified", dir);
+  std::string state = read_text(dir / "trainer_state.json");
+  state.replace(state.find("\"step\": 2"), 9, "\"step\": 1");  // same size
+  write_text(dir / "trainer_state.json", state);
+  EXPECT_EQ(check_checkpoint(dir).problem,
+            "trainer_state.json is for step 1, but COMPLETE for step 2: the file was changed after the save");
+  // Today's markers check every file.
+  save(tmp.path(), 30);
+  EXPECT_TRUE(check_checkpoint(tmp.path() / "step-000030").unchecked.empty());
+  EXPECT_EQ(check_checkpoint(tmp.path() / "step-000030").unchecked_note("x"), "");
+}
+
+// A full disk while `latest` is replaced: the step is committed, and the error says so and what `latest` names.
+TEST(Commit, FailureToReplaceLatestSaysWhatWasCommitted) {
+  TempRoot tmp;
+  save(tmp.path(), 5);
+  PendingCheckpoint pending(tmp.path(), 10, [&](std::string_view stage) {
+    // /dev/full fails every write with ENOSPC: .latest.tmp is written through the link.
+    if (stage == "old_step_removed") fs::create_symlink("/dev/full", tmp.path() / ".latest.tmp");
+  });
+  const std::vector<std::string> files = write_payload(pending, 100);
+  const std::string error = error_of([&] { pending.commit(files); });
+  const std::string step10 = (tmp.path() / "step-000010").string();
+  EXPECT_TRUE(contains(error, "No space left on device")) << error;
+  EXPECT_TRUE(contains(error, format("; {} is complete (step 10 was committed), but {} still names step-000005: the "
+                                     "next --resume auto starts from there, --resume {} from the committed step",
+                                     step10, (tmp.path() / "latest").string(), step10)))
+      << error;
+  EXPECT_EQ(read_text(tmp.path() / "latest"), "step-000005\n");
+  EXPECT_EQ(check_checkpoint(step10).problem, "");
 }
 
 TEST(TempDir, RemovedWithItsContentsUnlessKept) {
@@ -518,6 +652,25 @@ TEST(DecideResume, FreshOnlyWhenNoRankSeesAStepDirectory) {
   EXPECT_TRUE(contains(plan.error, "the ranks do not see the same checkpoints in /r"));
   EXPECT_TRUE(contains(plan.error, "rank 0 on host a sees no step directory (it would start from step 0)"));
   EXPECT_TRUE(contains(plan.error, "\n  rank 1 on host b sees: step-000010 (complete)"));
+}
+
+// `latest` names a step, but no step directory is there (deleted, or renamed
+// step-30): a committed checkpoint is gone, so starting from step 0 would hide it.
+TEST(DecideResume, LatestNamingAStepWhenNoStepDirectoryIsThereIsAnError) {
+  const std::vector<RootView> views = {view_of("a", {}, 30), view_of("b", {}, 30)};
+  const ResumePlan plan = decide_resume("/r", views);
+  EXPECT_EQ(plan.action, ResumePlan::Action::Refuse);
+  EXPECT_TRUE(contains(plan.error,
+                       "--resume auto: /r/latest names step-000030, but /r holds no step directory (it "
+                       "was deleted, moved or renamed)\nNothing was trained or deleted. To go on: restore "
+                       "step-000030 and run the same command again"))
+      << plan.error;
+  // On disk: the step directory renamed.
+  TempRoot tmp;
+  save(tmp.path(), 30);
+  fs::rename(tmp.path() / "step-000030", tmp.path() / "step-30");
+  const RootView view = view_root(tmp.path());
+  EXPECT_EQ(decide_resume(tmp.path(), std::span<const RootView>(&view, 1)).action, ResumePlan::Action::Refuse);
 }
 
 TEST(DecideResume, StepDirectoriesOfWhichNoneIsCompleteAreAnError) {
@@ -708,12 +861,12 @@ TEST(Commit, LatestNeverMovesBackPastAnExistingStep) {
   save(tmp.path(), 20);
   fs::remove(tmp.path() / "step-000020" / "model.safetensors");  // damaged, but there
   PendingCheckpoint p11(tmp.path(), 11);
-  p11.commit(write_payload(p11, 10));
+  p11.commit(write_payload(p11, 20));
   EXPECT_EQ(p11.latest_kept(), 20);
   EXPECT_EQ(read_text(tmp.path() / "latest"), "step-000020\n");
   fs::remove_all(tmp.path() / "step-000020");  // gone: nothing to go back to, latest may move
   PendingCheckpoint p12(tmp.path(), 12);
-  p12.commit(write_payload(p12, 10));
+  p12.commit(write_payload(p12, 20));
   EXPECT_EQ(p12.latest_kept(), std::nullopt);
   EXPECT_EQ(read_text(tmp.path() / "latest"), "step-000012\n");
 }
@@ -743,7 +896,7 @@ bool save_in_child_and_kill(const fs::path& root, int64_t step, size_t bytes, co
         if (stage == point) ::raise(SIGKILL);
       };
       PendingCheckpoint pending(root, step, die_at);
-      write_text(pending.path() / "model.safetensors", std::string(bytes, 'm'));
+      write_text(pending.path() / "model.safetensors", safetensors_like(bytes));
       die_at("wrote_first_file");
       write_text(pending.path() / "trainer_state.json", std::string(bytes / 2 + 1, 's'));
       die_at("wrote_all_files");
@@ -769,7 +922,7 @@ TEST(CrashSafety, StagesAreDistinctAndReported) {
   TempRoot tmp;
   std::vector<std::string> seen;
   PendingCheckpoint pending(tmp.path(), 1, [&](std::string_view s) { seen.emplace_back(s); });
-  pending.commit(write_payload(pending, 10));
+  pending.commit(write_payload(pending, 20));
   ASSERT_EQ(seen.size(), commit_stages().size());
   for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], commit_stages()[i]);
   EXPECT_GE(kill_points().size(), 10u);
@@ -888,7 +1041,7 @@ TEST(NodeLocalResume, TwoHostsPartsMakeOneCompleteStep) {
 
 TEST(NodeLocalResume, AMissingHostsFilesAreNamed) {
   // Two hosts saved; only h1 takes part (h2's disk is lost): h2's files are on none of the hosts.
-  const std::vector<RootView> hosts{RootView{"h1", "", {part_of(10, {"a"}, {"b", "c"})}, 10, ""}};
+  const std::vector<RootView> hosts{RootView{"h1", "", {part_of(10, {"a"}, {"b", "c"})}, 10, "", true}};
   const RootView merged = merge_host_views(hosts);
   EXPECT_EQ(merged.steps[0].problem,
             "2 file(s) are on none of these hosts: b, c (the hosts that saved them must take part, or the files be "

@@ -48,6 +48,13 @@ TEST(Crc32c, KnownVectors) {
   EXPECT_EQ(crc32c({}), 0u);
 }
 
+// One printed form everywhere (issue 36): the trainer printed decimal, ckpt verify bare hex.
+TEST(Crc32c, PrintedAsZeroXAndEightHexDigits) {
+  EXPECT_EQ(crc_text(0xE3069283u), "0xe3069283");
+  EXPECT_EQ(crc_text(0x1a2bu), "0x00001a2b");
+  EXPECT_EQ(crc_text(0), "0x00000000");
+}
+
 TEST(Crc32c, ChainedEqualsOneShot) {
   std::mt19937 rng(7);
   std::vector<std::byte> buf(1000);
@@ -274,6 +281,23 @@ TEST_F(Safetensors, WriterErrors) {
   const std::string p = path("no/such/dir/x.safetensors");
   EXPECT_EQ(error_of([&] { w.write(p); }), format("cannot create safetensors file '{}': No such file or directory", p));
   EXPECT_EQ(open_error(p), format("cannot open safetensors file '{}': No such file or directory", p));
+}
+
+// What the COMPLETE marker's header checksum covers: the length and the JSON, nothing of the data.
+TEST_F(Safetensors, HeaderBytesAreTheLengthAndTheJson) {
+  SafetensorsWriter w;
+  w.add("a", Tensor::from_vector<float>({1, 2, 3}, {3}));
+  const std::string p = path("h.safetensors");
+  const auto written = w.write(p);
+  std::ifstream in(p, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(read_header_bytes(p), bytes.substr(0, written.at(0).offset));
+  const std::string shortened = write_raw("short.safetensors", le64(100) + "{}");
+  EXPECT_EQ(error_of([&] { read_header_bytes(shortened); }),
+            format("safetensors file '{}': header length 100 runs past the end of the file (10 bytes)", shortened));
+  const std::string huge = write_raw("huge.safetensors", le64(UINT64_MAX) + "{}");
+  EXPECT_TRUE(contains(error_of([&] { read_header_bytes(huge); }), "exceeds the limit"));
+  EXPECT_TRUE(contains(error_of([&] { read_header_bytes(path("none.safetensors")); }), "none.safetensors"));
 }
 
 TEST_F(Safetensors, RejectsTruncatedFile) {
