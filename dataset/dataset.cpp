@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/hash.h"
+#include "core/text.h"
 #include "dataset/mapped_file.h"
 #include "models/toy.h"
 
@@ -186,6 +187,11 @@ MappedFile open_text_file(const std::string& path, std::string_view key) {
   ST_CHECK(!fs::is_directory(path), "text file '{}' ({}) is a directory; data.kind text reads one file", path, key);
   MappedFile file(path, "text");
   ST_CHECK(file.size() > 0, "text file '{}' is empty", path);
+  const std::string problem = text_sample_problem(file.text().substr(0, kTextSampleBytes));
+  ST_CHECK(problem.empty(),
+           "text file '{}' ({}) is not UTF-8 text: {} in its first {}; data.kind text reads UTF-8 text (prepare "
+           "refuses the same file; a file of token ids is data.kind tokens)",
+           path, key, problem, human_bytes(static_cast<int64_t>(kTextSampleBytes)));
   return file;
 }
 
@@ -660,13 +666,34 @@ std::unique_ptr<Dataset> from_file(const DatasetSpec& spec, const std::string& p
   return std::make_unique<TokensDataset>(path, key, spec.data.token_format, spec.data.token_dtype, vocab, seq_len);
 }
 
-}  // namespace
-
-std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec) {
+// The training set of `spec`, before the global-batch check.
+std::unique_ptr<Dataset> training_set(const DatasetSpec& spec) {
   if (is_generated(spec)) return generated(spec, Part::Train);
   std::unique_ptr<Dataset> whole = from_file(spec, spec.data.path, "data.path");
   if (spec.data.val_fraction == 0) return whole;
   return std::make_unique<HeldOutSplit>(std::move(whole), spec.data.val_fraction, Part::Train);
+}
+
+}  // namespace
+
+std::string text_sample_problem(std::string_view sample) {
+  if (const size_t nul = sample.find('\0'); nul != std::string_view::npos)
+    return format("a NUL byte at offset {}", nul);
+  if (const int64_t bad = find_invalid_utf8(sample, Utf8End::MayBeCut); bad >= 0)
+    return format("an invalid UTF-8 byte at offset {}", bad);
+  return {};
+}
+
+std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec) {
+  std::unique_ptr<Dataset> data = training_set(spec);
+  // A global batch larger than an epoch would draw the same samples twice in
+  // one step; with a global batch beyond any real run it also meant start-up
+  // buffers and a step that never ended.
+  ST_CHECK(data->size() >= spec.global_batch,
+           "train.global_batch_size {} is larger than the training data, {} samples ({}); lower "
+           "train.global_batch_size to at most {} or give more data",
+           spec.global_batch, data->size(), data->describe(), data->size());
+  return data;
 }
 
 std::unique_ptr<Dataset> make_validation_dataset(const DatasetSpec& spec) {
