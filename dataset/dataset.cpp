@@ -185,13 +185,13 @@ class SyntheticDataset final : public Dataset {
 MappedFile open_text_file(const std::string& path, std::string_view key) {
   ST_CHECK(fs::exists(path), "text file '{}' ({}) does not exist", path, key);
   ST_CHECK(!fs::is_directory(path), "text file '{}' ({}) is a directory; data.kind text reads one file", path, key);
-  MappedFile file(path, "text");
+  MappedFile file(path, format("{} text", key));
   ST_CHECK(file.size() > 0, "text file '{}' is empty", path);
   const std::string problem = text_sample_problem(file.text().substr(0, kTextSampleBytes));
   ST_CHECK(problem.empty(),
-           "text file '{}' ({}) is not UTF-8 text: {} in its first {}; data.kind text reads UTF-8 text (prepare "
+           "text file '{}' ({}) is not UTF-8 text: {} in its first {} KiB; data.kind text reads UTF-8 text (prepare "
            "refuses the same file; a file of token ids is data.kind tokens)",
-           path, key, problem, human_bytes(static_cast<int64_t>(kTextSampleBytes)));
+           path, key, problem, kTextSampleBytes >> 10);
   return file;
 }
 
@@ -395,8 +395,10 @@ void open_headerless(TokenShard& shard, TokenDType dtype) {
   shard.layout = std::string(to_string(dtype));
 }
 
-TokenShard open_shard(const fs::path& path, TokenFormat token_format, TokenDType headerless_dtype) {
-  TokenShard shard{path.string(), MappedFile(path, "tokens"), 0, 2, 0, ""};
+// `key` is the config key that named the file or its directory, for errors.
+TokenShard open_shard(const fs::path& path, std::string_view key, TokenFormat token_format,
+                      TokenDType headerless_dtype) {
+  TokenShard shard{path.string(), MappedFile(path, format("{} tokens", key)), 0, 2, 0, ""};
   ST_CHECK(shard.file.size() > 0, "tokens file '{}' is empty", shard.path);
   if (token_format == TokenFormat::Llmc)
     open_llmc_shard(shard);
@@ -425,7 +427,7 @@ class TokensDataset final : public Dataset {
     first_sample_.push_back(0);
     int64_t longest = 0;
     for (const fs::path& f : files) {
-      shards_.push_back(open_shard(f, token_format, headerless_dtype));
+      shards_.push_back(open_shard(f, key, token_format, headerless_dtype));
       longest = std::max(longest, shards_.back().num_tokens);
       first_sample_.push_back(first_sample_.back() + windows_in(shards_.back().num_tokens, seq_len_));
     }

@@ -213,8 +213,8 @@ Inputs find_inputs(const std::vector<std::string>& paths, const fs::path& out) {
     const size_t bytes = static_cast<size_t>(fs::file_size(p, ec));
     ST_CHECK(!ec, "cannot read input '{}': {}", p, ec.message());
     ST_CHECK(bytes > 0, "input file '{}' is empty", p);
-    ST_CHECK(problem.empty(), "input file '{}' is not UTF-8 text: {} in its first {}", p, problem,
-             human_bytes(static_cast<int64_t>(st::dataset::kTextSampleBytes)));
+    ST_CHECK(problem.empty(), "input file '{}' is not UTF-8 text: {} in its first {} KiB", p, problem,
+             st::dataset::kTextSampleBytes >> 10);
     inputs.add({p, bytes});
   }
   return inputs;

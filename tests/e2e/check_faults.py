@@ -84,7 +84,7 @@ CHECK is one of:
               model is built (no "model llama:" line), naming master weights, gradients,
               optimizer state and what would fit (more ranks, fewer layers); the layer
               count it names trains under the same limit. A YAML null where a path is
-              expected (checkpoint.dir=~, data.path: null in a file) is an error naming
+              expected (checkpoint.dir=~, logging.metrics_file: null in a file) is an error naming
               the key; `--set checkpoint.dir=` stays the empty string (no checkpoints).
               logging.metrics_file in a directory that does not exist: created, as
               checkpoint.dir is. data.kind text on a binary file: exit 1 naming the file
@@ -779,10 +779,11 @@ def check_fifos(trainer, ckpt_tool, tmp):
         f.write("The quick brown fox jumps over the lazy dog.\n" * 200)
     not_regular = f"'{fifo}' is not a regular file (a FIFO)"
     cases = [("logging.metrics_file", sets(logging__metrics_file=fifo), "logging.metrics_file " + not_regular),
-             ("data.path (text)", sets(data__kind="text", data__path=fifo), "text file " + not_regular),
-             ("data.path (tokens)", sets(data__kind="tokens", data__path=fifo), "tokens file " + not_regular),
+             ("data.path (text)", sets(data__kind="text", data__path=fifo), "data.path text file " + not_regular),
+             ("data.path (tokens)", sets(data__kind="tokens", data__path=fifo),
+              "data.path tokens file " + not_regular),
              ("data.val_path", sets(data__kind="text", data__path=text, data__val_path=fifo, eval__interval=1),
-              "text file " + not_regular),
+              "data.val_path text file " + not_regular),
              ("data.tokenizer", sets(data__kind="text", data__path=text, data__tokenizer=fifo),
               "tokenizer " + not_regular)]
     for key, args, message in cases:

@@ -253,13 +253,13 @@ TEST(TextDataset, WindowsTileTheFileAndTargetsAreShiftedByOne) {
   EXPECT_EQ(std::vector<int32_t>(a.begin() + 4, a.end()), ints("abcd"));
   EXPECT_EQ(std::vector<int32_t>(b.begin() + 4, b.end()), ints("bcde"));
 
-  // Exactly seq_len + 1 bytes is one sample; bytes >= 128 stay non-negative.
-  write_bytes(path, "\xff\x80xyz");
+  // Exactly seq_len + 1 bytes is one sample; bytes >= 128 (here U+1F600's four) stay non-negative.
+  write_bytes(path, "\xf0\x9f\x98\x80z");
   const auto one = make_dataset(llama_config(DataKind::Text, path, 4, 256));
   ASSERT_EQ(one->size(), 1);
   const Sample s = token_sample(*one, 0, 4);
-  EXPECT_EQ(s.inputs, (std::vector<int32_t>{255, 128, 'x', 'y'}));
-  EXPECT_EQ(s.targets, (std::vector<int32_t>{128, 'x', 'y', 'z'}));
+  EXPECT_EQ(s.inputs, (std::vector<int32_t>{240, 159, 152, 128}));
+  EXPECT_EQ(s.targets, (std::vector<int32_t>{159, 152, 128, 'z'}));
   EXPECT_NE(one->describe().find(path), std::string::npos) << one->describe();
   EXPECT_NE(one->describe().find("1 samples of 4 tokens"), std::string::npos) << one->describe();
 }
@@ -303,7 +303,7 @@ TEST(TextDataset, BinaryFilesAreRefusedByPreparesRule) {
   write_bytes(binary, bytes);
   EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Text, binary, 4, 256)); }),
             "text file '" + binary +
-                "' (data.path) is not UTF-8 text: a NUL byte at offset 12 in its first 65.54 kB; "
+                "' (data.path) is not UTF-8 text: a NUL byte at offset 12 in its first 64 KiB; "
                 "data.kind text reads UTF-8 text (prepare refuses the same file; a file of token ids is data.kind "
                 "tokens)");
   // The rule looks at the first 64 KiB only, as prepare does.
@@ -319,14 +319,15 @@ TEST(DataFiles, FifosAreRefusedWithoutBlocking) {
   const std::string fifo = dir.file("fifo");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
   const std::string not_regular = "'" + fifo + "' is not a regular file (a FIFO)";
-  EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Text, fifo, 4, 256)); }), "text file " + not_regular);
+  EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Text, fifo, 4, 256)); }),
+            "data.path text file " + not_regular);
   EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Tokens, fifo, 4, 256)); }),
-            "tokens file " + not_regular);
+            "data.path tokens file " + not_regular);
   const std::string text = dir.file("a.txt");
   write_bytes(text, std::string(64, 'x'));
   Config val = llama_config(DataKind::Text, text, 4, 256);
   val.data.val_path = fifo;
-  EXPECT_EQ(error_of([&] { make_validation_dataset(val); }), "text file " + not_regular);
+  EXPECT_EQ(error_of([&] { make_validation_dataset(val); }), "data.val_path text file " + not_regular);
 }
 
 // A global batch larger than the training set is an error naming both numbers (the old trainer took every
