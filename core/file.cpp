@@ -85,8 +85,8 @@ void fsync_path(const fs::path& path, PathKind kind) {
 }
 
 void write_file_synced(const fs::path& path, std::string_view content, const std::function<void()>& after_write) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  ST_CHECK(fd.valid(), "cannot create '{}': {}", path.string(), errno_text());
+  // open_output_file: a FIFO left at the path (a temporary name too) is refused instead of blocking the open.
+  UniqueFd fd = open_output_file(path, "file", OutputMode::Truncate);
   write_all(fd.get(), content.data(), content.size(), format("'{}'", path.string()));
   if (after_write) after_write();
   fsync_fd(fd.get(), format("'{}'", path.string()));

@@ -89,8 +89,9 @@ enum class PathKind : uint8_t { File, Directory };
 /// Opens `path` and fsyncs it: a file's data, or a directory's entries.
 void fsync_path(const std::filesystem::path& path, PathKind kind);
 
-/// Creates (or truncates) `path`, writes `content` and fsyncs it; `after_write`
-/// runs between the write and the fsync, so crash tests can stop there.
+/// Creates (or truncates) `path` (open_output_file's checks), writes `content`
+/// and fsyncs it; `after_write` runs between the write and the fsync, so
+/// crash tests can stop there.
 void write_file_synced(const std::filesystem::path& path, std::string_view content,
                        const std::function<void()>& after_write = {});
 
