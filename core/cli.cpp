@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/config.h"
+
 namespace st {
 
 namespace cli {
@@ -43,7 +45,13 @@ int64_t to_int(const std::string& flag, const std::string& text, int64_t min, in
   int64_t value = 0;
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc() || ptr != end || value < min || value > max)
+  // A whole number past int64's range reads as out of range: too large (or
+  // too small), not malformed.
+  const bool whole = !text.empty() && ptr == end;
+  const bool too_large =
+      whole && (ec == std::errc::result_out_of_range ? text[0] != '-' : ec == std::errc() && value > max);
+  if (too_large) usage_error(format("{} {}: too large (at most {})", flag, text, max));
+  if (!whole || ec != std::errc() || value < min || value > max)
     usage_error(format("{} {}: expected {}", flag, text, integer_expectation(min, max)));
   return value;
 }
@@ -142,6 +150,14 @@ Parser& Parser::text(const std::string& paragraph) {
   return *this;
 }
 
+std::string Parser::closest_flag(const std::string& name) const {
+  std::vector<std::string_view> names{"--help"};
+  for (const Entry& e : entries_)
+    for (const std::string& n : e.names)
+      if (n.starts_with("--")) names.push_back(n);
+  return did_you_mean(name, names);
+}
+
 const Parser::Entry* Parser::find(const std::string& name) const {
   for (const Entry& e : entries_)
     for (const std::string& n : e.names)
@@ -149,8 +165,8 @@ const Parser::Entry* Parser::find(const std::string& name) const {
   return nullptr;
 }
 
-Parser& Parser::help_without_arguments() {
-  help_without_arguments_ = true;
+Parser& Parser::usage_without_arguments() {
+  usage_without_arguments_ = true;
   return *this;
 }
 
@@ -161,7 +177,8 @@ bool Parser::parse_or_help(const std::vector<std::string>& argv) const {
 }
 
 bool Parser::parse(const std::vector<std::string>& argv) const {
-  bool help = argv.empty() && help_without_arguments_;
+  if (argv.empty() && usage_without_arguments_) throw NoArguments(help());
+  bool help = false;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -176,7 +193,7 @@ bool Parser::parse(const std::vector<std::string>& argv) const {
     const size_t eq = arg.find('=');
     const std::string name = arg.substr(0, eq);
     const Entry* entry = find(name);
-    if (entry == nullptr) usage_error(format("unknown argument '{}' (see --help)", arg));
+    if (entry == nullptr) usage_error(format("unknown argument '{}'{} (see --help)", arg, closest_flag(name)));
     if (entry->metavar.empty()) {
       if (eq != std::string::npos) usage_error(format("{} takes no value (see --help)", name));
       entry->set(name, "");
@@ -233,6 +250,9 @@ int run_main(const char* program, const std::function<int()>& body, const Agreed
     }
     std::fprintf(stderr, "%s: error: %s\n", program, e.message().c_str());
     return 1;
+  } catch (const cli::NoArguments& e) {
+    std::fputs(e.usage().c_str(), stderr);
+    return 2;
   } catch (const cli::UsageError& e) {
     std::fprintf(stderr, "%s: error: %s\n", program, e.message().c_str());
     return 2;

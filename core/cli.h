@@ -13,8 +13,11 @@
 // Rules shared by every program: "--flag value" and "--flag=value" are the
 // same; a value is the next argument even when it starts with '-'; "-" alone
 // is a positional argument. A mistake on the command line throws
-// cli::UsageError ("unknown argument '--x' (see --help)"), which run_main
-// prints as "PROGRAM: error: ..." and turns into exit code 2.
+// cli::UsageError ("unknown argument '--step'; did you mean '--steps'? (see
+// --help)"), which run_main prints as "PROGRAM: error: ..." and turns into
+// exit code 2. Every program answers alike: --help or -h prints the usage on
+// stdout and exits 0; no arguments at all (for a program that needs some)
+// prints the usage on stderr and exits 2.
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -33,6 +36,18 @@ namespace cli {
 class UsageError : public Error {
  public:
   using Error::Error;
+};
+
+/// No arguments given to a program that needs some: run_main prints the
+/// usage it carries on stderr (instead of an error line) and exits 2.
+class NoArguments : public UsageError {
+ public:
+  explicit NoArguments(std::string usage)
+      : UsageError("no arguments (see --help)", __FILE__, __LINE__), usage_(std::move(usage)) {}
+  const std::string& usage() const { return usage_; }
+
+ private:
+  std::string usage_;
 };
 
 /// A declarative parser for one program (or one subcommand); see the top of
@@ -72,9 +87,10 @@ class Parser {
   /// Free text placed in the help at this point (a paragraph, a heading).
   Parser& text(const std::string& paragraph);
 
-  /// Makes a command line without arguments ask for the help (a program
-  /// that cannot do anything without one).
-  Parser& help_without_arguments();
+  /// Makes a command line without arguments a usage error that prints the
+  /// help on stderr (NoArguments, exit 2): for a program that cannot do
+  /// anything without one.
+  Parser& usage_without_arguments();
 
   /// Parses argv (without the program name) into the targets. Returns true
   /// when --help or -h was given (the caller prints help() and exits 0).
@@ -98,6 +114,8 @@ class Parser {
     std::function<void(const std::string& flag, const std::string& value)> set;
   };
   const Entry* find(const std::string& name) const;
+  /// "; did you mean '--steps'?" for the long flag closest to `name`, or "".
+  std::string closest_flag(const std::string& name) const;
   Parser& add(const std::string& names, const std::string& metavar, const std::string& doc,
               std::function<void(const std::string&, const std::string&)> set);
 
@@ -106,11 +124,13 @@ class Parser {
   std::vector<Entry> entries_;
   std::vector<std::string>* positionals_ = nullptr;
   std::string positional_metavar_;
-  bool help_without_arguments_ = false;
+  bool usage_without_arguments_ = false;
 };
 
 /// `text` as an integer in [min, max]; otherwise a UsageError "FLAG TEXT:
-/// expected a positive integer" (or "an integer >= MIN", "in [MIN, MAX]").
+/// expected a positive integer" (or "an integer >= MIN", "in [MIN, MAX]"),
+/// or for a number past max (int64's range included) "FLAG TEXT: too large
+/// (at most MAX)".
 int64_t to_int(const std::string& flag, const std::string& text, int64_t min = std::numeric_limits<int64_t>::min(),
                int64_t max = std::numeric_limits<int64_t>::max());
 
@@ -141,7 +161,7 @@ struct AgreedErrors {
 
 /// The body of every program's main(): returns what `body` returns. An
 /// st::Error prints "PROGRAM: error: MESSAGE" on stderr and returns 1 (2 for
-/// a cli::UsageError); any other exception prints "PROGRAM: internal error:
+/// a cli::UsageError; cli::NoArguments prints the usage instead); any other exception prints "PROGRAM: internal error:
 /// WHAT" and returns 2. With `agreed` set, an st::AgreedError is printed by
 /// the reporter only and the others return 0.
 int run_main(const char* program, const std::function<int()>& body, const AgreedErrors& agreed = {});

@@ -34,6 +34,12 @@ std::vector<std::string> schema_keys(const Schema& schema) {
   return keys;
 }
 
+bool is_string_key(const Schema& schema, std::string_view path) {
+  bool found = false;
+  schema([&](const Key& k, Field f) { found = found || (k.key == path && f.kind() == Field::Kind::String); });
+  return found;
+}
+
 bool is_key(const Schema& schema, std::string_view path) {
   const auto keys = schema_keys(schema);
   return std::find(keys.begin(), keys.end(), path) != keys.end();
@@ -277,15 +283,16 @@ T parsed(const YAML::Node& n, const Key& k, const Where& w, std::string_view exp
 }
 
 std::string assigned_string(const YAML::Node& n, const Key& k, const Where& w) {
-  // An empty value is the empty string: "dir:" reads as "no directory".
-  std::string v;
-  if (n.IsScalar()) {
-    v = n.Scalar();
-  } else if (!n.IsNull()) {
-    bad_value(k, w, n, "a string");
-  }
-  check_choice(v, n, k, w);
-  return v;
+  // YAML reads "~", "null" and nothing at all as null, never as a string:
+  // "dir: ~" meant the home directory, not "no directory", and silently
+  // turned checkpointing off. An empty string is written "".
+  if (n.IsNull())
+    bad_value(k, w, n,
+              "a string (YAML reads ~, null and an empty value as null, and ~ is not the home directory here: "
+              "write the path out, or \"\" for none)");
+  if (!n.IsScalar()) bad_value(k, w, n, "a string");
+  check_choice(n.Scalar(), n, k, w);
+  return n.Scalar();
 }
 
 /// The items of a list-of-strings value, each checked against the key's choices.
@@ -511,7 +518,9 @@ void apply_override(const Schema& schema, std::string_view assignment) {
   }
   YAML::Node node;
   try {
-    node = YAML::Load(value);
+    // "--set checkpoint.dir=" (nothing after '=') is the shell's way to write
+    // an empty string; YAML would read it as null, which a string refuses.
+    node = trim(value).empty() && is_string_key(schema, key) ? YAML::Load("\"\"") : YAML::Load(value);
   } catch (const YAML::Exception& e) {
     ST_FAIL("bad value for '{}' in --set: '{}' is not a YAML value ({})", key, value, e.msg);
   }

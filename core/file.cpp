@@ -85,8 +85,8 @@ void fsync_path(const fs::path& path, PathKind kind) {
 }
 
 void write_file_synced(const fs::path& path, std::string_view content, const std::function<void()>& after_write) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  ST_CHECK(fd.valid(), "cannot create '{}': {}", path.string(), errno_text());
+  // open_output_file: a FIFO left at the path (a temporary name too) is refused instead of blocking the open.
+  UniqueFd fd = open_output_file(path, "file", OutputMode::Truncate);
   write_all(fd.get(), content.data(), content.size(), format("'{}'", path.string()));
   if (after_write) after_write();
   fsync_fd(fd.get(), format("'{}'", path.string()));
@@ -98,21 +98,60 @@ void rename_path(const fs::path& from, const fs::path& to) {
            errno_text());
 }
 
+namespace {
+
+// "a FIFO", "a directory", ...: what a file that is not a regular one is.
+const char* kind_of(mode_t mode) {
+  return S_ISDIR(mode)                    ? "a directory"
+         : S_ISFIFO(mode)                 ? "a FIFO"
+         : S_ISCHR(mode) || S_ISBLK(mode) ? "a device"
+         : S_ISSOCK(mode)                 ? "a socket"
+                                          : "not a file";
+}
+
+// Whether an output may be a file of `mode`: a regular file or a character
+// device (/dev/null, /dev/full), never a FIFO, socket, directory or disk.
+bool writable_kind(mode_t mode) { return S_ISREG(mode) || S_ISCHR(mode); }
+
+// Clears O_NONBLOCK (set only so that the open could not block).
+void make_blocking(int fd, const fs::path& path, const std::string& what) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  ST_CHECK(flags >= 0 && ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == 0, "cannot use {} '{}': {}", what, path.string(),
+           errno_text(errno));
+}
+
+}  // namespace
+
 UniqueFd open_regular_file(const std::filesystem::path& path, const std::string& what) {
   // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer.
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
   ST_CHECK(fd.valid(), "cannot open {} '{}': {}", what, path.string(), errno_text(errno));
   struct stat st {};
   ST_CHECK(::fstat(fd.get(), &st) == 0, "cannot stat {} '{}': {}", what, path.string(), errno_text(errno));
-  ST_CHECK(S_ISREG(st.st_mode), "{} '{}' is not a regular file ({})", what, path.string(),
-           S_ISDIR(st.st_mode)                          ? "a directory"
-           : S_ISFIFO(st.st_mode)                       ? "a FIFO"
-           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-           : S_ISSOCK(st.st_mode)                       ? "a socket"
-                                                        : "not a file");
-  const int flags = ::fcntl(fd.get(), F_GETFL);
-  ST_CHECK(flags >= 0 && ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) == 0, "cannot read {} '{}': {}", what,
-           path.string(), errno_text(errno));
+  ST_CHECK(S_ISREG(st.st_mode), "{} '{}' is not a regular file ({})", what, path.string(), kind_of(st.st_mode));
+  make_blocking(fd.get(), path, what);
+  return fd;
+}
+
+void check_output_path(const std::filesystem::path& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;  // missing (or unreadable): the writer's own open says why
+  ST_CHECK(writable_kind(st.st_mode), "{} '{}' is not a regular file ({})", what, path.string(), kind_of(st.st_mode));
+}
+
+UniqueFd open_output_file(const std::filesystem::path& path, const std::string& what, OutputMode mode) {
+  // Checked before the open for the message: a FIFO without a reader fails a
+  // non-blocking open with ENXIO, which would not say what the file is.
+  check_output_path(path, what);
+  const int flags =
+      O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (mode == OutputMode::Append ? O_APPEND : O_TRUNC);
+  UniqueFd fd(::open(path.c_str(), flags, 0644));
+  ST_CHECK(fd.valid(), "cannot open {} '{}': {}", what, path.string(), errno_text(errno));
+  // Checked again on what was opened: the path may have been replaced in between.
+  struct stat st {};
+  ST_CHECK(::fstat(fd.get(), &st) == 0, "cannot stat {} '{}': {}", what, path.string(), errno_text(errno));
+  ST_CHECK(writable_kind(st.st_mode), "{} '{}' is not a regular file ({})", what, path.string(), kind_of(st.st_mode));
+  make_blocking(fd.get(), path, what);
   return fd;
 }
 

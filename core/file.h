@@ -54,8 +54,26 @@ class UniqueFd {
 /// Opens `path` for reading only if it is a regular file: the open itself
 /// cannot block (a FIFO with no writer, a device), and anything but a regular
 /// file is refused before a byte is read. Errors start with `what` (e.g.
-/// "safetensors file") and name the path and the reason.
+/// "safetensors file") and name the path and the reason:
+/// "text file 'x' is not a regular file (a FIFO)". Every program opens its
+/// input files through here (or read_file), so no input can hang a start-up.
 UniqueFd open_regular_file(const std::filesystem::path& path, const std::string& what);
+
+/// How open_output_file opens an existing file.
+enum class OutputMode : uint8_t { Append, Truncate };
+
+/// Opens `path` for writing, creating it (mode 0644) when it does not exist,
+/// only if it is a regular file or a character device (/dev/null, /dev/full:
+/// sinks that never block). A FIFO (whose open waits for a reader), a socket
+/// or a directory is refused before anything is written, with
+/// open_regular_file's message. The open itself never blocks.
+UniqueFd open_output_file(const std::filesystem::path& path, const std::string& what, OutputMode mode);
+
+/// Refuses an existing `path` that open_output_file would refuse, for a
+/// writer that replaces the file later (e.g. a safetensors file written to a
+/// temporary name and renamed): checked up front, before the work that
+/// produces it. A missing path is fine.
+void check_output_path(const std::filesystem::path& path, const std::string& what);
 
 /// Writes all `n` bytes at the descriptor's position (short writes and EINTR
 /// retried, at most 1 GiB per call); `what` names the file in errors.
@@ -71,8 +89,9 @@ enum class PathKind : uint8_t { File, Directory };
 /// Opens `path` and fsyncs it: a file's data, or a directory's entries.
 void fsync_path(const std::filesystem::path& path, PathKind kind);
 
-/// Creates (or truncates) `path`, writes `content` and fsyncs it; `after_write`
-/// runs between the write and the fsync, so crash tests can stop there.
+/// Creates (or truncates) `path` (open_output_file's checks), writes `content`
+/// and fsyncs it; `after_write` runs between the write and the fsync, so
+/// crash tests can stop there.
 void write_file_synced(const std::filesystem::path& path, std::string_view content,
                        const std::function<void()>& after_write = {});
 

@@ -42,10 +42,11 @@ struct DataConfig {
 /// few model and train values that shape a sample.
 struct DatasetSpec {
   DataConfig data;
-  std::string model_name;  // model.name: "toy" trains on generated features, every other model on tokens
-  int64_t vocab_size = 0;  // model.vocab_size: tokens must be below it
-  int64_t seq_len = 0;     // train.seq_len: tokens per sample (each sample holds seq_len + 1)
-  uint64_t seed = 0;       // train.seed: synthetic data, the toy teacher and the sampling order
+  std::string model_name;    // model.name: "toy" trains on generated features, every other model on tokens
+  int64_t vocab_size = 0;    // model.vocab_size: tokens must be below it
+  int64_t seq_len = 0;       // train.seq_len: tokens per sample (each sample holds seq_len + 1)
+  uint64_t seed = 0;         // train.seed: synthetic data, the toy teacher and the sampling order
+  int64_t global_batch = 0;  // train.global_batch_size: the training set must hold one (0: not checked)
 };
 
 /// data.* keys, relative to the section ("kind", "path", ...).

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/hash.h"
+#include "core/text.h"
 #include "dataset/mapped_file.h"
 #include "models/toy.h"
 
@@ -184,8 +185,13 @@ class SyntheticDataset final : public Dataset {
 MappedFile open_text_file(const std::string& path, std::string_view key) {
   ST_CHECK(fs::exists(path), "text file '{}' ({}) does not exist", path, key);
   ST_CHECK(!fs::is_directory(path), "text file '{}' ({}) is a directory; data.kind text reads one file", path, key);
-  MappedFile file(path, "text");
+  MappedFile file(path, format("{} text", key));
   ST_CHECK(file.size() > 0, "text file '{}' is empty", path);
+  const std::string problem = text_sample_problem(file.text().substr(0, kTextSampleBytes));
+  ST_CHECK(problem.empty(),
+           "text file '{}' ({}) is not UTF-8 text: {} in its first {} KiB; data.kind text reads UTF-8 text (prepare "
+           "refuses the same file; a file of token ids is data.kind tokens)",
+           path, key, problem, kTextSampleBytes >> 10);
   return file;
 }
 
@@ -389,8 +395,10 @@ void open_headerless(TokenShard& shard, TokenDType dtype) {
   shard.layout = std::string(to_string(dtype));
 }
 
-TokenShard open_shard(const fs::path& path, TokenFormat token_format, TokenDType headerless_dtype) {
-  TokenShard shard{path.string(), MappedFile(path, "tokens"), 0, 2, 0, ""};
+// `key` is the config key that named the file or its directory, for errors.
+TokenShard open_shard(const fs::path& path, std::string_view key, TokenFormat token_format,
+                      TokenDType headerless_dtype) {
+  TokenShard shard{path.string(), MappedFile(path, format("{} tokens", key)), 0, 2, 0, ""};
   ST_CHECK(shard.file.size() > 0, "tokens file '{}' is empty", shard.path);
   if (token_format == TokenFormat::Llmc)
     open_llmc_shard(shard);
@@ -419,7 +427,7 @@ class TokensDataset final : public Dataset {
     first_sample_.push_back(0);
     int64_t longest = 0;
     for (const fs::path& f : files) {
-      shards_.push_back(open_shard(f, token_format, headerless_dtype));
+      shards_.push_back(open_shard(f, key, token_format, headerless_dtype));
       longest = std::max(longest, shards_.back().num_tokens);
       first_sample_.push_back(first_sample_.back() + windows_in(shards_.back().num_tokens, seq_len_));
     }
@@ -660,13 +668,34 @@ std::unique_ptr<Dataset> from_file(const DatasetSpec& spec, const std::string& p
   return std::make_unique<TokensDataset>(path, key, spec.data.token_format, spec.data.token_dtype, vocab, seq_len);
 }
 
-}  // namespace
-
-std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec) {
+// The training set of `spec`, before the global-batch check.
+std::unique_ptr<Dataset> training_set(const DatasetSpec& spec) {
   if (is_generated(spec)) return generated(spec, Part::Train);
   std::unique_ptr<Dataset> whole = from_file(spec, spec.data.path, "data.path");
   if (spec.data.val_fraction == 0) return whole;
   return std::make_unique<HeldOutSplit>(std::move(whole), spec.data.val_fraction, Part::Train);
+}
+
+}  // namespace
+
+std::string text_sample_problem(std::string_view sample) {
+  if (const size_t nul = sample.find('\0'); nul != std::string_view::npos)
+    return format("a NUL byte at offset {}", nul);
+  if (const int64_t bad = find_invalid_utf8(sample, Utf8End::MayBeCut); bad >= 0)
+    return format("an invalid UTF-8 byte at offset {}", bad);
+  return {};
+}
+
+std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec) {
+  std::unique_ptr<Dataset> data = training_set(spec);
+  // A global batch larger than an epoch would draw the same samples twice in
+  // one step; with a global batch beyond any real run it also meant start-up
+  // buffers and a step that never ended.
+  ST_CHECK(data->size() >= spec.global_batch,
+           "train.global_batch_size {} is larger than the training data, {} samples ({}); lower "
+           "train.global_batch_size to at most {} or give more data",
+           spec.global_batch, data->size(), data->describe(), data->size());
+  return data;
 }
 
 std::unique_ptr<Dataset> make_validation_dataset(const DatasetSpec& spec) {

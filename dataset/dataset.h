@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -72,6 +73,16 @@ struct ToyTeacher {
 };
 ToyTeacher toy_teacher(uint64_t seed);
 
+/// The bytes of a file that decide whether it is text: its first 64 KiB (the
+/// check `git` and `file` make, on a sample).
+inline constexpr size_t kTextSampleBytes = size_t{64} << 10;
+/// "" when `sample` (a file's first kTextSampleBytes, or all of a shorter
+/// file) is text: UTF-8 (core/text.h's strict check; a sequence cut by the
+/// sample's end is allowed) without a NUL byte; else what is wrong ("a NUL
+/// byte at offset 7", "an invalid UTF-8 byte at offset 12"). The one rule of
+/// data.kind text and of prepare's inputs.
+std::string text_sample_problem(std::string_view sample);
+
 /// Builds the dataset for `data.*` and the model: synthetic/text/tokens for
 /// LLaMA (seq_len from train.seq_len), seeded random features for the toy
 /// model. Bad files are errors naming the file and what is wrong.
@@ -79,7 +90,8 @@ ToyTeacher toy_teacher(uint64_t seed);
 /// synthetic: sample i of seed s is a walk of seq_len + 1 tokens through a
 ///   sparse Markov chain chosen by s (see kSyntheticActiveTokens), a function
 ///   of (s, i) alone.
-/// text: the file's bytes are the tokens (vocab 256); sample i is bytes
+/// text: a file that is not text (text_sample_problem) is an error; its
+///   bytes are the tokens (vocab 256); sample i is bytes
 ///   [i*seq_len, i*seq_len + seq_len + 1), so samples tile the file and
 ///   (len - 1) / seq_len of them fit. With data.tokenizer the file is encoded
 ///   once at start-up as one document (encode_document: BOS, ids, EOS) and
@@ -97,6 +109,7 @@ ToyTeacher toy_teacher(uint64_t seed);
 /// toy (model.name toy): inputs uniform in [0, 1), targets from toy_teacher(seed).
 /// With data.val_fraction f > 0 the training set is the first samples of
 /// data.path, all but the last ceil(f x samples), which make_validation_dataset() holds out.
+/// A training set of fewer samples than spec.global_batch is an error naming both numbers.
 std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec);
 
 /// data.tokenizer loaded, or nullopt when it is empty. A vocabulary that

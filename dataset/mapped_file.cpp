@@ -11,34 +11,21 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/file.h"
+#include "core/format.h"
 
 namespace st::dataset {
 
-namespace {
-
-std::string errno_text() { return std::error_code(errno, std::generic_category()).message(); }
-
-}  // namespace
-
 MappedFile::MappedFile(const std::filesystem::path& path, std::string_view what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ST_CHECK(fd >= 0, "cannot open {} file '{}': {}", what, path.string(), errno_text());
+  // open_regular_file: a FIFO or a device in data.path never blocks the start-up.
+  UniqueFd fd = open_regular_file(path, format("{} file", what));
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const std::string reason = errno_text();
-    ::close(fd);
-    ST_FAIL("cannot stat {} file '{}': {}", what, path.string(), reason);
-  }
+  ST_CHECK(::fstat(fd.get(), &st) == 0, "cannot stat {} file '{}': {}", what, path.string(), errno_text());
   size_ = static_cast<size_t>(st.st_size);
-  if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    const std::string reason = p == MAP_FAILED ? errno_text() : std::string();
-    ::close(fd);  // the mapping keeps the file alive
-    ST_CHECK(p != MAP_FAILED, "cannot map {} file '{}' ({} bytes): {}", what, path.string(), size_, reason);
-    data_ = static_cast<const unsigned char*>(p);
-  } else {
-    ::close(fd);
-  }
+  if (size_ == 0) return;
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);  // the mapping outlives the descriptor
+  ST_CHECK(p != MAP_FAILED, "cannot map {} file '{}' ({} bytes): {}", what, path.string(), size_, errno_text());
+  data_ = static_cast<const unsigned char*>(p);
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept

@@ -10,7 +10,9 @@ namespace st::dataset {
 
 class MappedFile {
  public:
-  /// Maps `path`; errors name it as "<what> file '<path>'". An empty file maps to size() 0.
+  /// Maps `path`, which must be a regular file (open_regular_file: a FIFO or
+  /// a device is refused without blocking); errors name it as "<what> file
+  /// '<path>'". An empty file maps to size() 0.
   MappedFile(const std::filesystem::path& path, std::string_view what);
   MappedFile(MappedFile&& other) noexcept;
   MappedFile& operator=(MappedFile&&) = delete;

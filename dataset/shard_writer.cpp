@@ -75,8 +75,8 @@ void ShardWriter::open_next() {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   ST_CHECK(!ec, "cannot create '{}': {}", dir_.string(), ec.message());
-  out_ = UniqueFd(::open(tmp_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  ST_CHECK(out_.valid(), "cannot create shard '{}': {}", tmp_path().string(), errno_text());
+  // open_output_file: a FIFO at that path is refused instead of blocking the open.
+  out_ = open_output_file(tmp_path(), "shard", OutputMode::Truncate);
   const auto placeholder = llmc_header(width_, 0);  // the count is written at close()
   write_all(out_.get(), placeholder.data(), sizeof(placeholder), what());
 }

@@ -1,11 +1,13 @@
 #include "dataset/tokenizer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <sentencepiece_processor.h>
@@ -424,14 +426,60 @@ class SentenceSource final : public spm::SentenceIterator {
   bool done_ = false;
 };
 
+// The bytes of the UTF-8 sequence that starts with `lead` (1 for a byte that starts none).
+size_t sequence_length(char lead) {
+  const auto b = static_cast<unsigned char>(lead);
+  return b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+}
+
+// How often each character occurs in `sentences` as SentencePiece counts
+// them (its trainer_interface.cc, LoadSentences): after our identity
+// normalization every sentence starts with the dummy prefix U+2581 and each
+// space is U+2581. Keys are the characters' UTF-8 bytes.
+std::unordered_map<std::string, int64_t> count_characters(SentenceSource& sentences, int64_t max_sentences,
+                                                          int64_t& total) {
+  const std::string space = "\u2581";
+  std::unordered_map<std::string, int64_t> count;
+  for (int64_t n = 0; !sentences.done() && n < max_sentences; ++n, sentences.Next()) {
+    const std::string& s = sentences.value();
+    ++count[space];
+    ++total;
+    for (size_t i = 0; i < s.size();) {
+      const size_t len = std::min(sequence_length(s[i]), s.size() - i);
+      ++count[s[i] == ' ' ? space : s.substr(i, len)];
+      ++total;
+      i += len;
+    }
+  }
+  return count;
+}
+
 }  // namespace
 
+int64_t min_vocab_size(const TokenizerTraining& o, const std::function<bool(std::string&)>& next_line) {
+  SentenceSource sentences(next_line, static_cast<size_t>(o.max_sentence_bytes));
+  int64_t total = 0;
+  const std::unordered_map<std::string, int64_t> count = count_characters(sentences, o.max_sentences, total);
+  std::vector<std::pair<int64_t, std::string>> by_count;  // (-count, character): SentencePiece's order
+  for (const auto& [c, n] : count) by_count.emplace_back(-n, c);
+  std::sort(by_count.begin(), by_count.end());
+  // The most frequent characters until they cover character_coverage of all
+  // (compared in float, as SentencePiece does); a tab is counted but never a piece.
+  int64_t covered = 0, required = 0;
+  for (const auto& [minus_n, c] : by_count) {
+    if (static_cast<float>(1.0 * static_cast<double>(covered) / static_cast<double>(total)) >=
+        static_cast<float>(o.character_coverage))
+      break;
+    covered -= minus_n;
+    if (c != "\t") ++required;
+  }
+  return kByteFallbackIds + required;
+}
+
 std::string train_tokenizer(const TokenizerTraining& o, const std::function<bool(std::string&)>& next_line) {
-  // Byte fallback needs 256 byte pieces besides <unk>, <s> and </s>.
-  constexpr int64_t kReserved = 256 + 3;
-  ST_CHECK(o.vocab_size > kReserved,
+  ST_CHECK(o.vocab_size > kByteFallbackIds,
            "--vocab-size {} is too small: byte fallback alone takes {} ids (<unk>, <s>, </s> and 256 bytes)",
-           o.vocab_size, kReserved);
+           o.vocab_size, kByteFallbackIds);
   // LLaMA's tokenizer.model settings (its trainer_spec and normalizer_spec).
   const std::unordered_map<std::string, std::string> args = {
       {"model_type", "bpe"},

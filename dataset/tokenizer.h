@@ -157,6 +157,17 @@ struct TokenizerTraining {
   uint32_t seed = 1234;  // the line sample
 };
 
+/// Ids every trained model reserves: <unk>, <s>, </s> and byte fallback's 256 byte pieces.
+inline constexpr int64_t kByteFallbackIds = 256 + 3;
+
+/// The smallest vocab_size train_tokenizer accepts for the lines `next_line`
+/// yields: kByteFallbackIds plus the characters SentencePiece must give a
+/// piece of their own (the most frequent ones, up to character_coverage of
+/// the text, counted on the same sentences as training). Exact when the text
+/// has at most max_sentences sentences; beyond that SentencePiece samples
+/// them at random and this counts the first ones.
+int64_t min_vocab_size(const TokenizerTraining& options, const std::function<bool(std::string&)>& next_line);
+
 /// Trains a model on the lines `next_line` yields (it returns false at the
 /// end) and returns the serialized model, the bytes of a tokenizer.model.
 /// Errors (a vocabulary too small for byte fallback, or too large for the

@@ -53,7 +53,8 @@ cli::Parser trainer_parser(TrainerArgs& args) {
       .option("--log-level", "L", &args.log_level, "debug | info | warn | error (overrides logging.level)")
       .flag("--self-check", &args.self_check,
             "check every collective on known inputs and measure bus bandwidth, then exit")
-      .flag("--list-keys", &args.list_keys, "print every configuration key as a Markdown table and exit");
+      .flag("--list-keys", &args.list_keys, "print every configuration key as a Markdown table and exit")
+      .usage_without_arguments();
   return p;
 }
 

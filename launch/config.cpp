@@ -13,6 +13,32 @@ constexpr Named<DeviceKind> kDeviceNames[] = {
     {DeviceKind::Cpu, "cpu"}, {DeviceKind::Cuda, "cuda"}, {DeviceKind::Auto, "auto"}};
 constexpr std::string_view kLogLevels[] = {"debug", "info", "warn", "error"};
 
+// Upper bounds on sizes no real run comes near (the largest published models
+// have ~100 layers, widths of ~16k to ~50k, vocabularies of ~256k). They keep
+// every size derived from the config (parameter counts, the memory plan,
+// batch buffers) far inside int64, so an absurd value is an error naming its
+// key at load time, never a start-up that allocates until memory runs out.
+constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;   // sequences per optimizer step
+constexpr int64_t kMaxSeqLen = int64_t{1} << 24;        // tokens per sequence (and rotary positions)
+constexpr int64_t kMaxLayers = int64_t{1} << 16;        // model.num_hidden_layers
+constexpr int64_t kMaxHidden = int64_t{1} << 20;        // model.hidden_size
+constexpr int64_t kMaxIntermediate = int64_t{1} << 22;  // model.intermediate_size
+constexpr int64_t kMaxVocab = int64_t{1} << 31;         // model.vocab_size: token ids are int32
+
+// "a positive integer <= 1048576 (larger is not a real run)".
+std::string at_most(int64_t max) { return format("a positive integer <= {} (larger is not a real run)", max); }
+
+// The size keys of model.* against the bounds above (models/ checks their shapes and ratios).
+void check_model_sizes(const ModelConfig& m) {
+  require(m.num_hidden_layers <= kMaxLayers, "model.num_hidden_layers", m.num_hidden_layers, at_most(kMaxLayers));
+  require(m.hidden_size <= kMaxHidden, "model.hidden_size", m.hidden_size, at_most(kMaxHidden));
+  require(m.intermediate_size <= kMaxIntermediate, "model.intermediate_size", m.intermediate_size,
+          at_most(kMaxIntermediate));
+  require(m.vocab_size < kMaxVocab, "model.vocab_size", m.vocab_size, at_most(kMaxVocab - 1));
+  require(m.max_position_embeddings <= kMaxSeqLen, "model.max_position_embeddings", m.max_position_embeddings,
+          at_most(kMaxSeqLen));
+}
+
 void visit_train(TrainConfig& t, const KeyVisitor& v) {
   v({"steps", "optimizer steps in the run (the LR schedule follows it)"}, t.steps);
   v({"global_batch_size", "sequences per optimizer step, over all ranks"}, t.global_batch_size);
@@ -65,7 +91,8 @@ Schema schema_of(Config& c) {
 std::span<const Named<DeviceKind>> names_of(DeviceKind) { return kDeviceNames; }
 
 DatasetSpec dataset_spec(const Config& config) {
-  return {config.data, config.model.name, config.model.vocab_size, config.train.seq_len, config.train.seed};
+  return {config.data,          config.model.name, config.model.vocab_size,
+          config.train.seq_len, config.train.seed, config.train.global_batch_size};
 }
 
 void visit_keys(Config& c, const KeyVisitor& v) {
@@ -83,11 +110,12 @@ void visit_keys(Config& c, const KeyVisitor& v) {
 void TrainConfig::validate() const {
   require(steps > 0, "train.steps", steps, "a positive integer");
   require(threads >= 0 && threads <= 4096, "train.threads", threads, "0 (automatic) or a thread count <= 4096");
-  require(global_batch_size > 0, "train.global_batch_size", global_batch_size, "a positive integer");
+  require(global_batch_size > 0 && global_batch_size <= kMaxGlobalBatch, "train.global_batch_size", global_batch_size,
+          at_most(kMaxGlobalBatch));
   require(micro_batch_size > 0, "train.micro_batch_size", micro_batch_size, "a positive integer");
   require(global_batch_size % micro_batch_size == 0, "train.micro_batch_size", micro_batch_size,
           format("a divisor of train.global_batch_size ({})", global_batch_size));
-  require(seq_len > 0, "train.seq_len", seq_len, "a positive integer");
+  require(seq_len > 0 && seq_len <= kMaxSeqLen, "train.seq_len", seq_len, at_most(kMaxSeqLen));
 }
 
 void EvalConfig::validate() const {
@@ -116,6 +144,7 @@ void LoggingConfig::validate() const {
 }
 
 void Config::validate() const {
+  check_model_sizes(model);
   model.validate();
   models::model_spec(model.name).check_seq_len(model, train.seq_len);
   train.validate();

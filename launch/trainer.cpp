@@ -465,6 +465,8 @@ TrainResult Trainer::run() {
 
 void Trainer::setup() {
   setup_devices();
+  // Before any of the model's state is allocated: a run that cannot fit is refused now (launch/memory_plan.h).
+  check_startup_memory(config_, device_, world_, local_size_);
   setup_model();
   setup_data();
   log_model();

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <sstream>
@@ -18,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "core/format.h"
 
 namespace st::metrics {
@@ -153,30 +153,34 @@ int64_t complete_lines_length(int fd, int64_t size, const std::string& path) {
   return 0;
 }
 
+// Creates the directories a metrics file goes in, as checkpoint.dir is created.
+void create_parent_directories(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  ST_CHECK(!ec, "cannot create the directory '{}' of logging.metrics_file '{}': {}", parent.string(), path,
+           ec.message());
+}
+
 }  // namespace
 
 MetricsFile::MetricsFile(const std::string& path) : path_(path) {
   if (path.empty()) return;
-  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  ST_CHECK(fd_ >= 0, "cannot open logging.metrics_file '{}': {}", path, std::strerror(errno));
+  create_parent_directories(path);
+  // Owned here until the repair is done, so that an error below closes it.
+  UniqueFd fd = open_output_file(path, "logging.metrics_file", OutputMode::Append);
   struct stat st {};
-  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) return;  // a pipe or a device: nothing to repair
-  size_ = st.st_size;
-  const int reader = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ST_CHECK(reader >= 0, "cannot read logging.metrics_file '{}': {}", path, std::strerror(errno));
-  int64_t complete = 0;
-  try {
-    complete = complete_lines_length(reader, size_, path);
-  } catch (...) {
-    ::close(reader);
-    throw;
+  if (::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode)) {  // a device (/dev/null) has nothing to repair
+    size_ = st.st_size;
+    const UniqueFd reader = open_regular_file(path, "logging.metrics_file");
+    const int64_t complete = complete_lines_length(reader.get(), size_, path);
+    ST_CHECK(::ftruncate(fd.get(), complete) == 0,
+             "cannot cut the half-written last line of logging.metrics_file '{}': {}", path, std::strerror(errno));
+    cut_bytes_ = size_ - complete;
+    size_ = complete;
   }
-  ::close(reader);
-  if (complete == size_) return;
-  ST_CHECK(::ftruncate(fd_, complete) == 0, "cannot cut the half-written last line of logging.metrics_file '{}': {}",
-           path, std::strerror(errno));
-  cut_bytes_ = size_ - complete;
-  size_ = complete;
+  fd_ = fd.release();
 }
 
 MetricsFile::~MetricsFile() {
@@ -245,11 +249,8 @@ MetricsLog read_metrics_file(const std::string& path) {
   const std::filesystem::file_status status = std::filesystem::status(path, ec);
   ST_CHECK(std::filesystem::exists(status), "metrics file '{}' does not exist", path);
   ST_CHECK(!std::filesystem::is_directory(status), "metrics file '{}' is a directory", path);
-  std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.is_open(), "cannot open metrics file '{}': {}", path, std::strerror(errno));
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  ST_CHECK(!in.bad(), "cannot read metrics file '{}': {}", path, std::strerror(errno));
-  return parse_metrics(text, path);
+  // read_file refuses a FIFO or a device without blocking on it.
+  return parse_metrics(read_file(path, "metrics file"), path);
 }
 
 }  // namespace st::metrics

@@ -140,7 +140,8 @@ st::cli::Parser generate_parser(GenerateArgs& args) {
             "seconds, tokens_per_s) instead of streaming the text")
       .option("--logits", "FILE", &args.logits,
               "also write the prompt's logits, one forward over all its positions, to FILE\n"
-              "(safetensors: logits F32 [T, vocab], input_ids I32 [T]) before generating");
+              "(safetensors: logits F32 [T, vocab], input_ids I32 [T]) before generating")
+      .usage_without_arguments();
   return p;
 }
 
@@ -239,10 +240,21 @@ st::checkpoint::Catalog weights_catalog(const std::string& dir) {
   return catalog;
 }
 
+/// Refuses a model that has no text to generate, before a tokenizer is
+/// looked for: the toy model maps features to features.
+void check_generates_text(const st::ModelConfig& config, const std::string& dir) {
+  ST_CHECK(config.name != "toy",
+           "{} holds the toy model (model.name toy: it maps numbers to numbers and has no tokens), which cannot "
+           "generate text; "
+           "generate needs a llama checkpoint",
+           dir);
+  ST_CHECK(config.name == "llama", "{}: model.name is '{}'; generate needs a llama model", dir, config.name);
+}
+
 /// The model with F32 weights read from `dir` (weights_catalog; BF16 model-*
 /// weights are widened).
 std::unique_ptr<st::models::Llama> load_llama(const std::string& dir, const st::ModelConfig& config) {
-  ST_CHECK(config.name == "llama", "{}: model.name is '{}'; generate needs a llama model", dir, config.name);
+  check_generates_text(config, dir);
   auto model = std::make_unique<st::models::Llama>(config);
   st::models::allocate_parameters(*model, st::DType::F32);
   std::vector<st::StateEntry> entries;
@@ -484,9 +496,12 @@ int run(const std::vector<std::string>& argv) {
     std::fputs(generate_parser(unused).help().c_str(), stdout);
     return 0;
   }
+  // Checked before the model loads: opening a FIFO to write would wait for a reader.
+  if (!args.logits.empty()) st::check_output_path(args.logits, "--logits file");
   const Prompt prompt = read_prompt(args);
   const std::string dir = checkpoint_dir(args);
   const st::ModelConfig config = model_config_of(dir);
+  check_generates_text(config, dir);
   const int threads = args.threads > 0 ? args.threads : default_threads(config);
   st::cpu::set_cpu_threads(threads);
   const TextCodec codec = text_codec(args, dir, config.vocab_size);

@@ -49,7 +49,7 @@ st::cli::Parser plot_parser(PlotArgs& args) {
           "\nA dotted line marks where each resumed run began (the trainer writes a resume line\n"
           "there); a step redone after a resume from an older checkpoint shows its later value.")
       .positionals("METRICS.jsonl", &args.files)
-      .help_without_arguments();
+      .usage_without_arguments();
   return p;
 }
 

@@ -22,7 +22,6 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -109,7 +108,7 @@ st::cli::Parser prepare_parser(PrepareArgs& a) {
             "replace an earlier output in DIR (its shards and tokenizer.model;\n"
             "nothing else is touched)")
       .positionals("INPUT", &a.inputs)
-      .help_without_arguments();
+      .usage_without_arguments();
   return p;
 }
 
@@ -118,6 +117,9 @@ void check_args(const PrepareArgs& a) {
   ST_USAGE_CHECK(!a.out.empty(), "--out DIR is required");
   ST_USAGE_CHECK(!(a.train_tokenizer && !a.tokenizer.empty()), "--tokenizer and --train-tokenizer exclude each other");
   ST_USAGE_CHECK(!a.train_tokenizer || a.vocab_size > 0, "--train-tokenizer needs --vocab-size N");
+  ST_USAGE_CHECK(!a.train_tokenizer || a.vocab_size > st::dataset::kByteFallbackIds,
+                 "--vocab-size {} is too small: byte fallback alone takes {} ids (<unk>, <s>, </s> and 256 bytes)",
+                 a.vocab_size, st::dataset::kByteFallbackIds);
   ST_USAGE_CHECK(a.train_tokenizer || a.vocab_size == 0,
                  "--vocab-size is for --train-tokenizer (a given tokenizer has its own; byte-level has 256)");
   ST_USAGE_CHECK(a.val_fraction >= 0 && a.val_fraction < 1, "--val-fraction {} must be in [0, 1)", a.val_fraction);
@@ -152,19 +154,21 @@ struct Inputs {
   }
 };
 
-// Whether `bytes` is UTF-8 without NUL (core/text.h's strict check; a
-// sequence cut by the end of the sample is allowed).
-bool is_utf8_text(std::string_view bytes) {
-  return bytes.find('\0') == std::string_view::npos && st::find_invalid_utf8(bytes, st::Utf8End::MayBeCut) < 0;
-}
-
-// A file is text when its first 64 KiB are (the check `git` and `file` make, on a sample).
-bool looks_like_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string sample(size_t{64} << 10, '\0');
-  in.read(sample.data(), static_cast<std::streamsize>(sample.size()));
-  sample.resize(static_cast<size_t>(in.gcount()));
-  return !in.bad() && is_utf8_text(sample);
+// "" when the file is text by data.kind text's rule (st::dataset::text_sample_problem on its
+// first bytes), else what is wrong. open_regular_file: a FIFO among the inputs never blocks.
+std::string text_problem(const fs::path& path) {
+  const st::UniqueFd fd = st::open_regular_file(path, "input file");
+  std::string sample(st::dataset::kTextSampleBytes, '\0');
+  size_t got = 0;
+  while (got < sample.size()) {
+    const ssize_t n = ::read(fd.get(), sample.data() + got, sample.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    ST_CHECK(n >= 0, "cannot read input file '{}': {}", path.string(), st::errno_text());
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  sample.resize(got);
+  return st::dataset::text_sample_problem(sample);
 }
 
 // The text files under directory `dir` (recursively, hidden entries and `skip` excluded), sorted.
@@ -182,7 +186,7 @@ void add_directory(const fs::path& dir, const fs::path& skip, Inputs& inputs) {
     }
     if (!it->is_regular_file()) continue;
     const size_t bytes = static_cast<size_t>(it->file_size());
-    if (bytes == 0 || !looks_like_text(p)) {
+    if (bytes == 0 || !text_problem(p).empty()) {
       if (inputs.skipped++ == 0 || p.string() < inputs.first_skipped) inputs.first_skipped = p.string();
       continue;
     }
@@ -205,10 +209,12 @@ Inputs find_inputs(const std::vector<std::string>& paths, const fs::path& out) {
       add_directory(p, fs::exists(out, ec) ? out : fs::path(), inputs);
       continue;
     }
+    const std::string problem = text_problem(p);  // first: it refuses a FIFO or a device by name
     const size_t bytes = static_cast<size_t>(fs::file_size(p, ec));
     ST_CHECK(!ec, "cannot read input '{}': {}", p, ec.message());
     ST_CHECK(bytes > 0, "input file '{}' is empty", p);
-    ST_CHECK(looks_like_text(p), "input file '{}' is not UTF-8 text", p);
+    ST_CHECK(problem.empty(), "input file '{}' is not UTF-8 text: {} in its first {} KiB", p, problem,
+             st::dataset::kTextSampleBytes >> 10);
     inputs.add({p, bytes});
   }
   return inputs;
@@ -234,6 +240,33 @@ std::vector<fs::path> existing_shards(const fs::path& out) {
   std::sort(shards.begin(), shards.end());
   return shards;
 }
+
+// On a failure after the output directory was set up, removes the
+// directories this run left empty (DIR/train, DIR/val, and DIR itself when
+// this run created it), so a failed run leaves no empty output behind.
+class OutputCleanup {
+ public:
+  explicit OutputCleanup(fs::path out) : out_(std::move(out)) {
+    std::error_code ec;
+    existed_ = fs::exists(out_, ec);
+  }
+  OutputCleanup(const OutputCleanup&) = delete;
+  OutputCleanup& operator=(const OutputCleanup&) = delete;
+  ~OutputCleanup() {
+    if (kept_) return;
+    std::error_code ec;  // best effort: a destructor reports nothing
+    for (const char* split : kSplits)
+      if (fs::is_empty(out_ / split, ec)) fs::remove(out_ / split, ec);
+    if (!existed_ && fs::is_empty(out_, ec)) fs::remove(out_, ec);
+  }
+  /// The run succeeded: leave everything.
+  void keep() { kept_ = true; }
+
+ private:
+  fs::path out_;
+  bool existed_ = false;
+  bool kept_ = false;
+};
 
 // Refuses to mix two outputs in `out`; with --overwrite removes the earlier shards (nothing else).
 void prepare_output(const fs::path& out, bool overwrite, bool writes_tokenizer) {
@@ -264,30 +297,35 @@ void prepare_output(const fs::path& out, bool overwrite, bool writes_tokenizer) 
 // The tokenizer.
 
 // Lines of the input files in order, for training (empty lines skipped;
-// train_tokenizer skips whitespace-only ones and cuts long ones).
+// train_tokenizer skips whitespace-only ones and cuts long ones). Each file
+// is mapped (MappedFile: a regular file only, never a blocking open).
 class LineReader {
  public:
   explicit LineReader(const std::vector<InputFile>& files) : files_(files) {}
   bool next(std::string& line) {
     for (;;) {
-      if (in_.is_open() && std::getline(in_, line)) {
+      if (file_ && pos_ < file_->size()) {
+        const std::string_view text = file_->text();
+        const size_t nl = std::min(text.find('\n', pos_), text.size());
+        line.assign(text.substr(pos_, nl - pos_));
+        pos_ = nl + 1;
         if (line.empty()) continue;
         return true;
       }
-      ST_CHECK(!in_.bad(), "cannot read '{}': {}", files_[file_ - 1].path.string(), st::errno_text());
-      if (file_ == files_.size()) return false;
-      in_ = std::ifstream(files_[file_++].path, std::ios::binary);
-      ST_CHECK(in_.is_open(), "cannot open '{}': {}", files_[file_ - 1].path.string(), st::errno_text());
+      if (next_ == files_.size()) return false;
+      file_.emplace(files_[next_++].path, "input");
+      pos_ = 0;
     }
   }
 
  private:
   const std::vector<InputFile>& files_;
-  size_t file_ = 0;
-  std::ifstream in_;
+  size_t next_ = 0;  // the next file to map
+  std::optional<st::dataset::MappedFile> file_;
+  size_t pos_ = 0;  // the start of the next line in file_
 };
 
-Tokenizer train_on_inputs(const PrepareArgs& a, const Inputs& inputs, int threads, const fs::path& model_path) {
+st::dataset::TokenizerTraining training_options(const PrepareArgs& a, const Inputs& inputs, int threads) {
   st::dataset::TokenizerTraining options;
   options.vocab_size = a.vocab_size;
   options.max_sentences = a.tokenizer_sentences;
@@ -295,6 +333,25 @@ Tokenizer train_on_inputs(const PrepareArgs& a, const Inputs& inputs, int thread
   options.input = inputs.files.size() == 1
                       ? format("the input '{}'", inputs.files[0].path.string())
                       : format("the {} input files ('{}', ...)", inputs.files.size(), inputs.files[0].path.string());
+  return options;
+}
+
+// --vocab-size against the least SentencePiece accepts for this input, before
+// anything is written: a usage error like --vocab-size 100.
+void check_vocab_size(const PrepareArgs& a, const Inputs& inputs) {
+  const st::dataset::TokenizerTraining options = training_options(a, inputs, 1);
+  LineReader lines(inputs.files);
+  const int64_t least = st::dataset::min_vocab_size(options, [&](std::string& line) { return lines.next(line); });
+  ST_USAGE_CHECK(a.vocab_size >= least,
+                 "--vocab-size {} is too small for {}: SentencePiece needs at least {}, the {} ids of byte fallback "
+                 "(<unk>, <s>, </s> and 256 bytes) plus the {} characters that make up {:g}% of the text (its "
+                 "character_coverage)",
+                 a.vocab_size, options.input, least, st::dataset::kByteFallbackIds,
+                 least - st::dataset::kByteFallbackIds, 100 * options.character_coverage);
+}
+
+Tokenizer train_on_inputs(const PrepareArgs& a, const Inputs& inputs, int threads, const fs::path& model_path) {
+  const st::dataset::TokenizerTraining options = training_options(a, inputs, threads);
   std::fprintf(stderr, "prepare: training a SentencePiece BPE tokenizer of %lld tokens on up to %s lines of %s...\n",
                static_cast<long long>(a.vocab_size), with_commas(a.tokenizer_sentences).c_str(),
                human_bytes(static_cast<int64_t>(inputs.bytes)).c_str());
@@ -477,9 +534,12 @@ int run(const std::vector<std::string>& argv) {
   const Inputs inputs = find_inputs(a.inputs, a.out);
   const fs::path model_path = fs::path(a.out) / st::dataset::kTokenizerModelName;
   const bool writes_tokenizer = a.train_tokenizer || (!a.tokenizer.empty() && !same_file(a.tokenizer, model_path));
+  if (a.train_tokenizer) check_vocab_size(a, inputs);
+  OutputCleanup cleanup(a.out);
   prepare_output(a.out, a.overwrite, writes_tokenizer);
   const Tokenizer tokenizer = obtain_tokenizer(a, inputs, threads);
   const Totals totals = encode_inputs(a, inputs, tokenizer, threads);
+  cleanup.keep();
   print_summary(a, inputs, tokenizer, totals);
   if (a.val_fraction > 0 && totals.val_tokens == 0)
     std::fprintf(stderr, "prepare: warning: the input is too small for --val-fraction %g: no validation tokens\n",

@@ -71,6 +71,25 @@ CHECK is one of:
               recomputation; both then train under the same limit; with the
               refusal disabled (test hook) the allocation failure names step 1,
               the phase and micro-batch, and what to lower.
+  fifos       a FIFO as logging.metrics_file, data.path (text and tokens), data.val_path and
+              data.tokenizer: exit 1 before step 1 with one line naming the key's file and
+              "is not a regular file (a FIFO)" -- no hang (a 120 s guard; the old build
+              blocked in open()).
+  limits      values no run can hold, each refused before anything is allocated, exit 1,
+              one line naming the key: train.global_batch_size 9223372036854775807 and
+              model.num_hidden_layers 100000000 (config errors), a global batch larger
+              than the data (8192 of the toy model's 4096 samples, both numbers named);
+              configs/llama.yaml on the CPU under a 6 GiB RLIMIT_DATA and llama-tiny with
+              20000 layers under 1200 MiB: "the run does not fit in memory" before the
+              model is built (no "model llama:" line), naming master weights, gradients,
+              optimizer state and what would fit (more ranks, fewer layers); the layer
+              count it names trains under the same limit. A YAML null where a path is
+              expected (checkpoint.dir=~, logging.metrics_file: null in a file) is an error naming
+              the key; `--set checkpoint.dir=` stays the empty string (no checkpoints).
+              logging.metrics_file in a directory that does not exist: created, as
+              checkpoint.dir is. data.kind text on a binary file: exit 1 naming the file
+              and the first bad byte, the rule prepare applies. fsdp.shard_group_size 2
+              at 3 ranks (scripts/launch): the error is printed once for the job.
 Each check prints what it observed; a failure exits 1.
 """
 import json
@@ -733,11 +752,161 @@ def check_memory(trainer, ckpt_tool, tmp):
     print("memory: without the refusal, micro-batch 128 fails in step 1 naming the phase and what to lower")
 
 
+HANG_GUARD_S = 120  # a hang guard only: every run below ends in seconds
+
+
+def run_guarded(cmd, what, env=None):
+    """Runs `cmd` in ROOT; fails the check if it does not end within HANG_GUARD_S (it hung)."""
+    try:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S,
+                              env=dict(os.environ, **(env or {})))
+    except subprocess.TimeoutExpired:
+        fail(f"{what}: the run hung (no end within {HANG_GUARD_S} s)")
+
+
+def expect_one_error(proc, texts, what):
+    """Exit 1, every text in the output, exactly one error line, and no step trained."""
+    out = expect(proc, 1, *texts, what=what)
+    errors = [ln for ln in out.splitlines() if "error:" in ln]
+    if len(errors) != 1 or "step 1/" in out:
+        fail(f"{what}: expected one error line before step 1, got {errors}")
+    return errors[0]
+
+
+def check_fifos(trainer, ckpt_tool, tmp):
+    fifo = os.path.join(tmp, "fifo")
+    os.mkfifo(fifo)
+    text = os.path.join(tmp, "text.txt")
+    with open(text, "w") as f:
+        f.write("The quick brown fox jumps over the lazy dog.\n" * 200)
+    not_regular = f"'{fifo}' is not a regular file (a FIFO)"
+    cases = [("logging.metrics_file", sets(logging__metrics_file=fifo), "logging.metrics_file " + not_regular),
+             ("data.path (text)", sets(data__kind="text", data__path=fifo), "data.path text file " + not_regular),
+             ("data.path (tokens)", sets(data__kind="tokens", data__path=fifo),
+              "data.path tokens file " + not_regular),
+             ("data.val_path", sets(data__kind="text", data__path=text, data__val_path=fifo, eval__interval=1),
+              "data.val_path text file " + not_regular),
+             ("data.tokenizer", sets(data__kind="text", data__path=text, data__tokenizer=fifo),
+              "tokenizer " + not_regular)]
+    for key, args, message in cases:
+        proc = run_guarded([trainer, "--config", TINY, "--steps", "1"] + args, f"a FIFO as {key}")
+        line = expect_one_error(proc, [message], f"a FIFO as {key}")
+        print(f"fifos: {key}: exit 1 at once: {line}")
+
+
+def check_limits(trainer, ckpt_tool, tmp):
+    check_absurd_values(trainer, tmp)
+    check_state_memory(trainer, tmp)
+    check_paths(trainer, tmp)
+    check_binary_text(trainer, tmp)
+    check_shard_group_once(trainer, tmp)
+
+
+def check_absurd_values(trainer, tmp):
+    cases = [("train.global_batch_size=9223372036854775807",
+              "invalid value 9223372036854775807 for 'train.global_batch_size': expected a positive integer <= "
+              "1048576 (larger is not a real run)"),
+             ("model.num_hidden_layers=100000000",
+              "invalid value 100000000 for 'model.num_hidden_layers': expected a positive integer <= 65536")]
+    for assignment, message in cases:
+        proc = run_guarded([trainer, "--config", TINY, "--set", assignment], assignment)
+        print(f"limits: {assignment}: {expect_one_error(proc, [message], assignment)}")
+    proc = run_guarded([trainer, "--config", TOY, "--steps", "1"] + sets(train__global_batch_size=8192),
+                       "a global batch larger than the data")
+    line = expect_one_error(proc, ["train.global_batch_size 8192 is larger than the training data, 4096 samples",
+                                   "lower train.global_batch_size to at most 4096"], "global batch 8192 of 4096")
+    print(f"limits: global batch larger than the data: {line[:160]}")
+
+
+def run_data_limited(cmd, limit, what):
+    """`cmd` with RLIMIT_DATA (heap and private mappings) capped at `limit` bytes, under the hang guard."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    try:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, preexec_fn=cap, timeout=HANG_GUARD_S)
+    except subprocess.TimeoutExpired:
+        fail(f"{what}: no end within {HANG_GUARD_S} s")
+
+
+def check_state_memory(trainer, tmp):
+    # configs/llama.yaml (about a billion parameters) on the CPU under 6 GiB: refused before the model exists.
+    parts = ["error: the run does not fit in memory: before its first step a rank would hold about",
+             "master weights", "gradients", "optimizer state", "(adamw)", "what would fit: FULL_SHARD over"]
+    proc = run_data_limited([trainer, "--config", "configs/llama.yaml", "--steps", "1"] +
+                            sets(train__device="cpu", checkpoint__dir=os.path.join(tmp, "big")), 6 << 30,
+                            "llama.yaml under 6 GiB")
+    line = expect_one_error(proc, parts + ["model.num_hidden_layers"], "llama.yaml on the CPU under 6 GiB")
+    if "model llama:" in proc.stdout + proc.stderr:
+        fail("llama.yaml under 6 GiB: refused only after the model was built")
+    print(f"limits: llama.yaml under 6 GiB: refused before the model was built: {line[:400]}")
+    # 20000 layers of llama-tiny under 1200 MiB: refused, naming a layer count that does train there.
+    tiny = [trainer, "--config", TINY, "--steps", "1"]
+    proc = run_data_limited(tiny + sets(model__num_hidden_layers=20000), 1200 << 20, "20000 layers")
+    line = expect_one_error(proc, parts[:5], "llama-tiny with 20000 layers under 1200 MiB")
+    m = re.search(r"model\.num_hidden_layers (\d+) \(now 20000\)", line)
+    if not m or not 0 < int(m.group(1)) < 20000 or "model llama:" in proc.stdout + proc.stderr:
+        fail(f"20000 layers: no layer count that fits, or refused after the model was built: {line}")
+    layers = int(m.group(1))
+    proc = run_data_limited(tiny + sets(model__num_hidden_layers=layers), 1200 << 20, f"{layers} layers")
+    expect(proc, 0, "step 1/1", what=f"the advised {layers} layers under the same limit")
+    print(f"limits: 20000 layers refused before the model was built; the advised {layers} layers train there")
+
+
+def check_paths(trainer, tmp):
+    # A YAML null where a path is expected: "~" is not the home directory, and it no longer means "none".
+    proc = run_guarded([trainer, "--config", TOY, "--steps", "1", "--set", "checkpoint.dir=~"], "checkpoint.dir=~")
+    line = expect_one_error(proc, ["bad value for 'checkpoint.dir' in --set: got an empty value, expected a string",
+                                   "~ is not the home directory here"], "checkpoint.dir=~")
+    print(f"limits: checkpoint.dir=~: {line[:200]}")
+    config = os.path.join(tmp, "null-path.yaml")
+    with open(config, "w") as f:
+        f.write("model:\n  name: toy\ntrain:\n  steps: 1\nlogging:\n  metrics_file: null\n")
+    proc = run_guarded([trainer, "--config", config], "metrics_file: null")
+    expect_one_error(proc, [f"bad value for 'logging.metrics_file' at {config}:6: got an empty value"],
+                     "metrics_file: null in a file")
+    # "--set checkpoint.dir=" is still the empty string: no checkpoints, exit 0.
+    proc = run_guarded([trainer, "--config", TOY, "--steps", "1", "--set", "checkpoint.dir="], "checkpoint.dir=")
+    expect(proc, 0, "step 1/1", what="checkpoint.dir= (empty)")
+    # logging.metrics_file in directories that do not exist yet: created, as checkpoint.dir is.
+    metrics = os.path.join(tmp, "new", "deeper", "m.jsonl")
+    proc = run_guarded([trainer, "--config", TOY, "--steps", "2"] + sets(logging__metrics_file=metrics),
+                       "metrics file in a new directory")
+    expect(proc, 0, "step 2/2", what="metrics file in a new directory")
+    if [r["step"] for r in metrics_rows(metrics)] != [1, 2]:
+        fail(f"{metrics}: steps {[r['step'] for r in metrics_rows(metrics)]}")
+    print("limits: logging.metrics_file in new/deeper/: directories created, steps 1..2 logged")
+
+
+def check_binary_text(trainer, tmp):
+    path = os.path.join(tmp, "binary.dat")
+    with open(path, "wb") as f:
+        f.write(b"text first, then " + bytes(range(256)) * 64)
+    proc = run_guarded([trainer, "--config", TINY, "--steps", "1"] + sets(data__kind="text", data__path=path),
+                       "data.kind text on a binary file")
+    line = expect_one_error(proc, [f"text file '{path}' (data.path) is not UTF-8 text: a NUL byte at offset 17",
+                                   "prepare refuses the same file"], "data.kind text on a binary file")
+    print(f"limits: data.kind text on a binary file: {line[:200]}")
+
+
+def check_shard_group_once(trainer, tmp):
+    launch = os.path.join(ROOT, "scripts", "launch")
+    proc = run_guarded([launch, "-np", "3", trainer, "--config", TOY, "--steps", "1"] +
+                       sets(fsdp__sharding_strategy="HYBRID_SHARD", fsdp__shard_group_size=2), "shard group 2 of 3")
+    message = "fsdp.shard_group_size (2) must divide the world size (3)"
+    out = expect(proc, 1, message, what="shard group 2 of 3 ranks")
+    if out.count(message) != 1:
+        fail(f"shard group 2 of 3 ranks: the error is printed {out.count(message)} times, expected once")
+    print(f"limits: fsdp.shard_group_size 2 at 3 ranks: printed once, exit 1")
+
+
 def main():
     check_main({"nonfinite": check_nonfinite, "ckpt-dir": check_ckpt_dir, "lock": check_lock, "strict": check_strict,
                 "inputs": check_inputs, "resume-refused": check_resume_refused, "resume-fallback": check_resume_fallback,
                 "resume-overwrite": check_resume_overwrite, "resume-ranks": check_resume_ranks,
-                "metrics": check_metrics, "memory": check_memory}, programs=2)
+                "metrics": check_metrics, "memory": check_memory, "fifos": check_fifos, "limits": check_limits},
+               programs=2)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,11 @@ CHECK is one of:
   errors      an empty input folder, a folder without text files and a missing input are
               errors naming the path; an output directory with shards is refused without
               --overwrite, and --overwrite replaces the shards but no other file; a
-              --vocab-size too small for byte fallback and a --tokenizer that is no model
-              are errors naming them; --train-tokenizer on a file of only whitespace is
+              --vocab-size too small for byte fallback, or for the text (SentencePiece's
+              real minimum, which the message names: that size trains, one less is
+              refused), is a usage error (exit 2) before anything is written; one too
+              large for the text fails inside SentencePiece and leaves no output
+              directory; a --tokenizer that is no model is an error naming it; --train-tokenizer on a file of only whitespace is
               refused naming the file (before SentencePiece runs); a shard that cannot
               be written (its path a link to /dev/full) is an error with the reason
   long-line   a 3 MB file of one line (the fortunes joined by spaces): --train-tokenizer
@@ -160,6 +163,45 @@ def check_shards(prepare, tmp):
     print("shards: 1 and 2 threads write identical shards")
 
 
+def check_vocab_minimum(prepare, tmp):
+    """--vocab-size below what SentencePiece needs for the text is a usage error before anything is written;
+    the minimum it names trains, one less does not; a failure inside SentencePiece leaves no output behind."""
+    text = os.path.join(FORTUNES, "goedel")
+    out = os.path.join(tmp, "vocab-out")
+    cmd = [prepare, text, "--out", out, "--train-tokenizer", "--vocab-size"]
+    log = run(cmd + ["100"], 2, what="--vocab-size 100")
+    if "--vocab-size 100 is too small: byte fallback alone takes 259 ids" not in log or os.path.exists(out):
+        fail(f"--vocab-size 100: {log.strip()} (output left: {os.path.exists(out)})")
+    log = run(cmd + ["260"], 2, what="--vocab-size 260")
+    prefix = f"prepare: error: --vocab-size 260 is too small for the input '{text}': SentencePiece needs at least "
+    if not log.startswith(prefix) or os.path.exists(out):
+        fail(f"--vocab-size 260: {log.strip()} (output left: {os.path.exists(out)})")
+    least = int(log[len(prefix):].split(",")[0])
+    run(cmd + [str(least - 1)], 2, what=f"--vocab-size {least - 1}")
+    run(cmd + [str(least)], 0, what=f"--vocab-size {least}, the minimum named")
+    # Python's sentencepiece, with prepare's settings, names the same minimum for the same text.
+    import io
+    import sentencepiece
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            input=text, model_writer=io.BytesIO(), vocab_size=least - 1, model_type="bpe", byte_fallback=True,
+            character_coverage=0.99995, normalization_rule_name="identity", add_dummy_prefix=True,
+            remove_extra_whitespaces=False, split_digits=True, allow_whitespace_only_pieces=True, unk_id=0,
+            bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+        fail(f"Python sentencepiece trained --vocab-size {least - 1}, below the minimum prepare named")
+    except RuntimeError as e:
+        if f"{least - 1} vs {least}." not in str(e):
+            fail(f"Python sentencepiece's minimum differs from prepare's {least}: {e}")
+    print(f"errors: --vocab-size 260 refused up front naming {least} (Python sentencepiece's minimum too); "
+          f"{least} trains, {least - 1} is refused")
+    # Too large for the text: SentencePiece itself refuses, and the output directory it was to fill is gone.
+    big = os.path.join(tmp, "big-out")
+    log = run([prepare, text, "--out", big, "--train-tokenizer", "--vocab-size", "60000"], 1, what="too large")
+    if "training the tokenizer (--vocab-size 60000) failed" not in log or os.path.exists(big):
+        fail(f"--vocab-size 60000: {log.strip()} (output left: {os.path.exists(big)})")
+    print("errors: --vocab-size 60000 fails inside SentencePiece and leaves no output directory")
+
+
 def check_errors(prepare, tmp):
     empty = os.path.join(tmp, "empty")
     os.makedirs(empty)
@@ -173,8 +215,9 @@ def check_errors(prepare, tmp):
                  "1 other files skipped", what="no text files")
     missing = os.path.join(tmp, "missing")
     expect_error([prepare, missing, "--out", out], f"input '{missing}' does not exist", what="missing input")
-    expect_error([prepare, os.path.join(FORTUNES, "goedel"), "--out", out, "--train-tokenizer", "--vocab-size", "100"],
-                 "--vocab-size 100 is too small", what="small vocabulary")
+    run([prepare, os.path.join(FORTUNES, "goedel"), "--out", out, "--train-tokenizer", "--vocab-size", "100"], 2,
+        what="small vocabulary")
+    check_vocab_minimum(prepare, tmp)
     not_model = os.path.join(tmp, "notes.txt")
     open(not_model, "w").write("not a model\n")
     expect_error([prepare, os.path.join(FORTUNES, "goedel"), "--out", out, "--tokenizer", not_model],

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What a program loads and how often it starts (standard library only; no timing: bench/RESULTS.md has it).
+"""What a program loads, how often it starts and how it answers its command line (standard library only; no
+timing: bench/RESULTS.md has it).
 
     check_startup.py TRAINER GENERATE CHECK
 
@@ -17,6 +18,13 @@ CHECK is one of:
              OMP_WAIT_POLICY=passive are left alone (libgomp reports 12345, and 0 for passive); an
              environment with none of the entries the setting borrows while libgomp starts (`_`, OLDPWD,
              SHLVL, PWD: core/cpu/parallel.h) keeps libgomp's default, 300000, and still starts once.
+  usage      one behaviour for every program (trainer, generate, prepare, plot, ckpt -- the last three from
+             the trainer's build directory -- and scripts/launch): no arguments print the usage on stderr,
+             nothing on stdout, exit 2; --help prints the same usage on stdout, exit 0 (scripts/launch: its
+             own usage, not mpirun's).
+  generate   generate on a toy checkpoint says the toy model cannot generate text (exit 1, no word of a
+             tokenizer); generate --logits FIFO on a llama-tiny checkpoint and plot of a FIFO end at once
+             (exit 1, "is not a regular file (a FIFO)") instead of blocking in open() (a hang guard only).
 Each check prints what it observed; a failure exits 1.
 """
 import os
@@ -98,8 +106,67 @@ def check_spin(trainer, generate, tmp):
             fail(f"{name}: libgomp reported GOMP_SPINCOUNT {got}; expected {want} (one start of libgomp)")
 
 
+def programs(trainer, generate):
+    """(name, command) of every program the usage check covers."""
+    build = os.path.dirname(trainer)
+    return [("trainer", [trainer]), ("generate", [generate]), ("prepare", [os.path.join(build, "prepare")]),
+            ("plot", [os.path.join(build, "plot")]), ("ckpt", [os.path.join(build, "ckpt")]),
+            ("scripts/launch", [os.path.join(ROOT, "scripts", "launch")])]
+
+
+def check_usage(trainer, generate, tmp):
+    for name, cmd in programs(trainer, generate):
+        bare = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
+        helped = subprocess.run(cmd + ["--help"], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
+        if bare.returncode != 2 or bare.stdout or not bare.stderr.startswith("usage: "):
+            fail(f"{name} without arguments: exit {bare.returncode} (expected 2), stdout {bare.stdout[:80]!r}, "
+                 f"stderr {bare.stderr[:80]!r} (expected the usage)")
+        if helped.returncode != 0 or helped.stderr or not helped.stdout.startswith(bare.stderr.splitlines()[0]):
+            fail(f"{name} --help: exit {helped.returncode} (expected 0), stdout {helped.stdout[:80]!r}, "
+                 f"stderr {helped.stderr[:80]!r} (expected the usage on stdout)")
+        print(f"usage: {name}: no arguments -> usage on stderr, exit 2; --help -> usage on stdout, exit 0 "
+              f"({bare.stderr.splitlines()[0][:70]})")
+    if "mpirun" in helped.stdout.splitlines()[0]:
+        fail("scripts/launch --help printed mpirun's help")
+
+
+def run_guarded(cmd, what):
+    try:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
+    except subprocess.TimeoutExpired:
+        fail(f"{what}: hung (no end within {HANG_S} s)")
+
+
+def check_generate(trainer, generate, tmp):
+    toy = os.path.join(tmp, "toy")
+    run_env([trainer, "--config", "configs/toy.yaml", "--steps", "1"] + sets(checkpoint__dir=toy), clean_env(), 0)
+    proc = run_guarded([generate, "--checkpoint", os.path.join(toy, "step-000001"), "--prompt", "hi"], "toy")
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 1 or "the toy model" not in out or "cannot generate text" not in out or "tokenizer" in out:
+        fail(f"generate on a toy checkpoint: exit {proc.returncode}: {out[-600:]}")
+    print(f"generate: toy checkpoint: {out.strip()}")
+    tiny = os.path.join(tmp, "tiny")
+    run_env([trainer, "--config", "configs/llama-tiny.yaml", "--steps", "1"] + sets(checkpoint__dir=tiny),
+            clean_env(), 0)
+    fifo = os.path.join(tmp, "fifo")
+    os.mkfifo(fifo)
+    proc = run_guarded([generate, "--checkpoint", os.path.join(tiny, "step-000001"), "--prompt", "hi",
+                        "--max-new-tokens", "2", "--logits", fifo], "generate --logits FIFO")
+    want = f"--logits file '{fifo}' is not a regular file (a FIFO)"
+    if proc.returncode != 1 or want not in proc.stderr:
+        fail(f"generate --logits FIFO: exit {proc.returncode}: {proc.stderr[-600:]}")
+    print(f"generate: --logits FIFO: exit 1 at once: {proc.stderr.strip()}")
+    plot = os.path.join(os.path.dirname(trainer), "plot")
+    proc = run_guarded([plot, fifo, "-o", os.path.join(tmp, "p.svg")], "plot of a FIFO")
+    want = f"metrics file '{fifo}' is not a regular file (a FIFO)"
+    if proc.returncode != 1 or want not in proc.stderr:
+        fail(f"plot of a FIFO: exit {proc.returncode}: {proc.stderr[-600:]}")
+    print(f"generate: plot of a FIFO: exit 1 at once: {proc.stderr.strip()}")
+
+
 def main():
-    check_main({"libraries": check_libraries, "spin": check_spin}, programs=2)
+    check_main({"libraries": check_libraries, "spin": check_spin, "usage": check_usage,
+                "generate": check_generate}, programs=2)
 
 
 if __name__ == "__main__":

@@ -48,12 +48,19 @@ expect_error typo_key "unknown key 'fsdp.sharding_stratgy' at llama.yaml:7; did 
 expect_error bad_set "did you mean 'fsdp.sharding_strategy'?" -- \
   "$trainer" --config min.yaml --set fsdp.sharding_stratgy=NO_SHARD
 expect_error missing_file "missing.yaml" -- "$trainer" --config missing.yaml
-code=2 expect_error no_config "missing --config FILE" -- "$trainer"
+code=2 expect_error no_config "missing --config FILE" -- "$trainer" --steps 2
 expect_error empty_config "config file '/dev/null' is not a regular file" -- "$trainer" --config /dev/null
 : > empty.yaml
 expect_error comment_only_config "config file 'empty.yaml' is empty" -- "$trainer" --config empty.yaml
 code=2 expect_error bad_flag "unknown argument '--bogus'" -- "$trainer" --config min.yaml --bogus
 code=2 expect_error bad_steps "--steps ten: expected a positive integer" -- "$trainer" --config min.yaml --steps=ten
+code=2 expect_error huge_steps "--steps 99999999999999999999: too large (at most 9223372036854775807)" -- \
+  "$trainer" --config min.yaml --steps 99999999999999999999
+code=2 expect_error flag_typo "unknown argument '--step'; did you mean '--steps'? (see --help)" -- \
+  "$trainer" --config min.yaml --step 10
+code=2 expect_error no_arguments "usage: trainer --config FILE" -- "$trainer"
+expect_error null_path "bad value for 'checkpoint.dir' in --set: got an empty value, expected a string" -- \
+  "$trainer" --config min.yaml --set checkpoint.dir=~
 # train.device: cuda where no GPU can be used names the key and the fix; on a
 # machine with a GPU this check has nothing to test.
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then

@@ -1,6 +1,7 @@
 // The trainer's command-line parser.
 #include <gtest/gtest.h>
 
+#include "core/cli.h"
 #include "core/error.h"
 #include "launch/cli.h"
 
@@ -44,7 +45,14 @@ TEST(TrainerArgs, InlineValues) {
 }
 
 TEST(TrainerArgs, Errors) {
-  EXPECT_EQ(error_of({}), "missing --config FILE (for example --config configs/toy.yaml)");
+  // No arguments at all: the usage on stderr, exit 2 (core/cli.h), like every program.
+  EXPECT_EQ(error_of({}), "no arguments (see --help)");
+  EXPECT_THROW(parse_trainer_args({}), cli::NoArguments);
+  EXPECT_EQ(error_of({"--steps", "2"}), "missing --config FILE (for example --config configs/toy.yaml)");
+  EXPECT_EQ(error_of({"--config", "a.yaml", "--step", "10"}),
+            "unknown argument '--step'; did you mean '--steps'? (see --help)");
+  EXPECT_EQ(error_of({"--config", "a.yaml", "--steps", "99999999999999999999"}),
+            "--steps 99999999999999999999: too large (at most 9223372036854775807)");
   EXPECT_EQ(error_of({"--config", "a.yaml", "--bogus"}), "unknown argument '--bogus' (see --help)");
   EXPECT_EQ(error_of({"--config"}), "--config needs a value (see --help)");
   EXPECT_EQ(error_of({"--config", "a.yaml", "--overwrite", "--resume", "auto"}),

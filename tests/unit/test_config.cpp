@@ -227,8 +227,32 @@ TEST(Config, ScalarForms) {
   EXPECT_EQ(load("optim: {lr: 5}").optim.lr, 5.0);  // an integer is a valid float
   EXPECT_EQ(load("optim: {lr: .5}").optim.lr, 0.5);
   EXPECT_EQ(load("optim: {lr: 2E-3}").optim.lr, 2e-3);
-  EXPECT_EQ(load("checkpoint: {dir: ~}").checkpoint.dir, "");
+  EXPECT_EQ(load("checkpoint: {dir: ''}").checkpoint.dir, "");
   EXPECT_EQ(load("checkpoint: {dir: 'null'}").checkpoint.dir, "null");
+}
+
+// A YAML null ("~", "null", nothing) is never a string: "dir: ~" meant the
+// home directory and used to turn checkpointing off without a word.
+TEST(Config, NullIsNotAString) {
+  const std::string expected =
+      "expected a string (YAML reads ~, null and an empty value as null, and ~ is not the home directory here: "
+      "write the path out, or \"\" for none)";
+  EXPECT_EQ(load_error("checkpoint: {dir: ~}"),
+            "bad value for 'checkpoint.dir' at test.yaml:1: got an empty value, " + expected);
+  EXPECT_EQ(load_error("data:\n  kind: text\n  path: null\n"),
+            "bad value for 'data.path' at test.yaml:3: got an empty value, " + expected);
+  EXPECT_EQ(load_error("logging:\n  metrics_file:\n"),
+            "bad value for 'logging.metrics_file' at test.yaml:2: got an empty value, " + expected);
+  for (const char* key : {"checkpoint.dir", "checkpoint.init_from", "data.path", "data.val_path", "data.tokenizer",
+                          "logging.metrics_file"}) {
+    EXPECT_EQ(set_error(std::string(key) + "=~"),
+              "bad value for '" + std::string(key) + "' in --set: got an empty value, " + expected);
+  }
+  // Nothing after '=' is the shell's empty string, as is "".
+  EXPECT_EQ(load("", {"checkpoint.dir=/tmp/x", "checkpoint.dir="}).checkpoint.dir, "");
+  EXPECT_EQ(load("", {"checkpoint.dir=/tmp/x", "checkpoint.dir=\"\""}).checkpoint.dir, "");
+  // Other kinds keep their messages for an empty value.
+  EXPECT_EQ(set_error("train.steps="), "bad value for 'train.steps' in --set: got an empty value, expected an integer");
 }
 
 TEST(Config, UnknownKeyNamesFileLineAndSuggestion) {
@@ -441,14 +465,40 @@ TEST(Config, SetErrors) {
             "invalid value 3 for 'train.micro_batch_size': expected a divisor of train.global_batch_size (8)");
 }
 
+// Sizes no run can hold are config errors naming the key, found before anything is allocated.
+TEST(Config, AbsurdSizesAreRefusedAtLoad) {
+  const std::string real = " (larger is not a real run)";
+  EXPECT_EQ(error_of([] { load("", {"train.global_batch_size=9223372036854775807"}); }),
+            "invalid value 9223372036854775807 for 'train.global_batch_size': expected a positive integer <= "
+            "1048576" +
+                real);
+  EXPECT_EQ(error_of([] { load("", {"model.num_hidden_layers=100000000"}); }),
+            "invalid value 100000000 for 'model.num_hidden_layers': expected a positive integer <= 65536" + real);
+  EXPECT_EQ(validate_error([](Config& c) { c.model.hidden_size = int64_t{1} << 21; }),
+            "invalid value 2097152 for 'model.hidden_size': expected a positive integer <= 1048576" + real);
+  EXPECT_EQ(validate_error([](Config& c) { c.model.intermediate_size = int64_t{1} << 23; }),
+            "invalid value 8388608 for 'model.intermediate_size': expected a positive integer <= 4194304" + real);
+  EXPECT_EQ(validate_error([](Config& c) { c.model.vocab_size = int64_t{1} << 31; }),
+            "invalid value 2147483648 for 'model.vocab_size': expected a positive integer <= 2147483647" + real);
+  EXPECT_EQ(validate_error([](Config& c) { c.model.max_position_embeddings = int64_t{1} << 25; }),
+            "invalid value 33554432 for 'model.max_position_embeddings': expected a positive integer <= "
+            "16777216" +
+                real);
+  // The bounds themselves load.
+  EXPECT_EQ(load("", {"train.global_batch_size=1048576"}).train.global_batch_size, int64_t{1} << 20);
+  EXPECT_EQ(load("", {"model.num_hidden_layers=65536"}).model.num_hidden_layers, 65536);
+}
+
 TEST(Config, ValidateNamesTheKey) {
   EXPECT_EQ(validate_error([](Config&) {}), "<no error>");
   EXPECT_EQ(validate_error([](Config& c) { c.train.steps = 0; }),
             "invalid value 0 for 'train.steps': expected a positive integer");
   EXPECT_EQ(validate_error([](Config& c) { c.train.global_batch_size = -4; }),
-            "invalid value -4 for 'train.global_batch_size': expected a positive integer");
+            "invalid value -4 for 'train.global_batch_size': expected a positive integer <= 1048576 (larger is "
+            "not a real run)");
   EXPECT_EQ(validate_error([](Config& c) { c.train.seq_len = 0; }),
-            "invalid value 0 for 'train.seq_len': expected a positive integer");
+            "invalid value 0 for 'train.seq_len': expected a positive integer <= 16777216 (larger is not a real "
+            "run)");
   EXPECT_EQ(validate_error([](Config& c) { c.model.hidden_size = 100; }),
             "invalid value 100 for 'model.hidden_size': expected a multiple of model.num_attention_heads (8)");
   EXPECT_EQ(validate_error([](Config& c) {

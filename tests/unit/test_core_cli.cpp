@@ -1,4 +1,5 @@
 // core/cli.h: the one command-line parser and run_main of every program.
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -86,14 +87,47 @@ TEST(CoreCli, ErrorsNameTheArgument) {
   EXPECT_EQ(usage_error_of({"--out"}), "--out needs a value (see --help)");
   EXPECT_EQ(usage_error_of({"--steps", "0"}), "--steps 0: expected a positive integer");
   EXPECT_EQ(usage_error_of({"--steps", "ten"}), "--steps ten: expected a positive integer");
-  EXPECT_EQ(usage_error_of({"--steps", "99999999999999999999"}),
-            "--steps 99999999999999999999: expected a positive integer");
-  EXPECT_EQ(usage_error_of({"--threads=65"}), "--threads 65: expected an integer in [0, 64]");
+  EXPECT_EQ(usage_error_of({"--threads=-1"}), "--threads -1: expected an integer in [0, 64]");
   EXPECT_EQ(usage_error_of({"--threads", "4x"}), "--threads 4x: expected an integer in [0, 64]");
   EXPECT_EQ(usage_error_of({"--fraction", "half"}), "--fraction half: expected a number");
   EXPECT_EQ(usage_error_of({"--json=yes"}), "--json takes no value (see --help)");
   EXPECT_EQ(to_int("--n", "-3", -5, 5), -3);
   EXPECT_THROW(to_int("--n", "", 0), UsageError);
+}
+
+TEST(CoreCli, NumbersTooLargeSaySo) {
+  // Past int64 (the old message said "expected a positive integer", as if the digits were wrong).
+  EXPECT_EQ(usage_error_of({"--steps", "99999999999999999999"}),
+            "--steps 99999999999999999999: too large (at most 9223372036854775807)");
+  EXPECT_EQ(usage_error_of({"--threads=65"}), "--threads 65: too large (at most 64)");
+  EXPECT_EQ(usage_error_of({"--threads=-99999999999999999999"}),
+            "--threads -99999999999999999999: expected an integer in [0, 64]");
+  EXPECT_EQ(to_int("--n", "9223372036854775807", 1), INT64_MAX);
+}
+
+TEST(CoreCli, UnknownFlagsSuggestTheClosest) {
+  EXPECT_EQ(usage_error_of({"--step", "10"}), "unknown argument '--step'; did you mean '--steps'? (see --help)");
+  EXPECT_EQ(usage_error_of({"--step=10"}), "unknown argument '--step=10'; did you mean '--steps'? (see --help)");
+  EXPECT_EQ(usage_error_of({"--jsno"}), "unknown argument '--jsno'; did you mean '--json'? (see --help)");
+  EXPECT_EQ(usage_error_of({"--hepl"}), "unknown argument '--hepl'; did you mean '--help'? (see --help)");
+  EXPECT_EQ(usage_error_of({"--completely-else"}), "unknown argument '--completely-else' (see --help)");
+}
+
+TEST(CoreCli, NoArgumentsPrintTheUsageOnStderr) {
+  Args a;
+  Parser p = parser_of(a);
+  EXPECT_FALSE(p.parse({}));  // a program that runs without arguments still may
+  p.usage_without_arguments();
+  EXPECT_THROW(p.parse({}), NoArguments);
+  EXPECT_TRUE(p.parse({"--help"}));
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_main("prog", [&] { return p.parse_or_help({}) ? 0 : 5; }), 2);
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), p.help());
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(run_main("prog", [&] { return p.parse_or_help({"--help"}) ? 0 : 5; }), 0);
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), p.help());
 }
 
 TEST(CoreCli, PositionalsOnlyWhereDeclared) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -108,6 +109,8 @@ Config llama_config(DataKind kind, const std::string& path, int64_t seq_len, int
   c.data.path = path;
   c.train.seq_len = seq_len;
   c.model.vocab_size = vocab_size;
+  c.train.global_batch_size = 1;  // the files here hold a few samples; TrainingData.GlobalBatch... checks the bound
+  c.train.micro_batch_size = 1;
   return c;
 }
 
@@ -250,13 +253,13 @@ TEST(TextDataset, WindowsTileTheFileAndTargetsAreShiftedByOne) {
   EXPECT_EQ(std::vector<int32_t>(a.begin() + 4, a.end()), ints("abcd"));
   EXPECT_EQ(std::vector<int32_t>(b.begin() + 4, b.end()), ints("bcde"));
 
-  // Exactly seq_len + 1 bytes is one sample; bytes >= 128 stay non-negative.
-  write_bytes(path, "\xff\x80xyz");
+  // Exactly seq_len + 1 bytes is one sample; bytes >= 128 (here U+1F600's four) stay non-negative.
+  write_bytes(path, "\xf0\x9f\x98\x80z");
   const auto one = make_dataset(llama_config(DataKind::Text, path, 4, 256));
   ASSERT_EQ(one->size(), 1);
   const Sample s = token_sample(*one, 0, 4);
-  EXPECT_EQ(s.inputs, (std::vector<int32_t>{255, 128, 'x', 'y'}));
-  EXPECT_EQ(s.targets, (std::vector<int32_t>{128, 'x', 'y', 'z'}));
+  EXPECT_EQ(s.inputs, (std::vector<int32_t>{240, 159, 152, 128}));
+  EXPECT_EQ(s.targets, (std::vector<int32_t>{159, 152, 128, 'z'}));
   EXPECT_NE(one->describe().find(path), std::string::npos) << one->describe();
   EXPECT_NE(one->describe().find("1 samples of 4 tokens"), std::string::npos) << one->describe();
 }
@@ -284,6 +287,70 @@ TEST(TextDataset, Errors) {
 
   EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Text, dir.path().string(), 2, 256)); }),
             "text file '" + dir.path().string() + "' (data.path) is a directory; data.kind text reads one file");
+}
+
+// data.kind text reads text: prepare's rule (text_sample_problem), one function for both.
+TEST(TextDataset, BinaryFilesAreRefusedByPreparesRule) {
+  EXPECT_EQ(text_sample_problem("plain ASCII\n"), "");
+  EXPECT_EQ(text_sample_problem("caf\xc3\xa9 \xe2\x96"), "");  // a sequence cut by the sample's end
+  EXPECT_EQ(text_sample_problem(std::string("ab\0c", 4)), "a NUL byte at offset 2");
+  EXPECT_EQ(text_sample_problem("ok \xff\xfe"), "an invalid UTF-8 byte at offset 3");
+
+  TempDir dir;
+  const std::string binary = dir.file("binary.dat");
+  std::string bytes = "text first, ";
+  for (int i = 0; i < 4096; ++i) bytes += static_cast<char>(i % 256);
+  write_bytes(binary, bytes);
+  EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Text, binary, 4, 256)); }),
+            "text file '" + binary +
+                "' (data.path) is not UTF-8 text: a NUL byte at offset 12 in its first 64 KiB; "
+                "data.kind text reads UTF-8 text (prepare refuses the same file; a file of token ids is data.kind "
+                "tokens)");
+  // The rule looks at the first 64 KiB only, as prepare does.
+  const std::string late = dir.file("late.txt");
+  write_bytes(late, std::string(kTextSampleBytes, 'a') + std::string("\0\0", 2));
+  EXPECT_EQ(make_dataset(llama_config(DataKind::Text, late, 4, 256))->size(),
+            static_cast<int64_t>((kTextSampleBytes + 2 - 1) / 4));
+}
+
+// A FIFO (or any file that is not a regular one) is refused without blocking in open().
+TEST(DataFiles, FifosAreRefusedWithoutBlocking) {
+  TempDir dir;
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const std::string not_regular = "'" + fifo + "' is not a regular file (a FIFO)";
+  EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Text, fifo, 4, 256)); }),
+            "data.path text file " + not_regular);
+  EXPECT_EQ(error_of([&] { make_dataset(llama_config(DataKind::Tokens, fifo, 4, 256)); }),
+            "data.path tokens file " + not_regular);
+  const std::string text = dir.file("a.txt");
+  write_bytes(text, std::string(64, 'x'));
+  Config val = llama_config(DataKind::Text, text, 4, 256);
+  val.data.val_path = fifo;
+  EXPECT_EQ(error_of([&] { make_validation_dataset(val); }), "data.val_path text file " + not_regular);
+}
+
+// A global batch larger than the training set is an error naming both numbers (the old trainer took every
+// sample of it more than once per step, and with a synthetic data set of a million samples never ended a step).
+TEST(TrainingData, GlobalBatchLargerThanTheDataIsAnError) {
+  TempDir dir;
+  const std::string text = dir.file("a.txt");
+  write_bytes(text, std::string(41, 'x'));  // 10 samples of 4 tokens
+  Config c = llama_config(DataKind::Text, text, 4, 256);
+  c.train.global_batch_size = 10;
+  EXPECT_EQ(make_dataset(c)->size(), 10);
+  c.train.global_batch_size = 12;
+  EXPECT_EQ(error_of([&] { make_dataset(c); }),
+            "train.global_batch_size 12 is larger than the training data, 10 samples (text " + text +
+                ": 41 B, 10 samples of 4 tokens (bytes, vocab 256)); lower train.global_batch_size to at most 10 or "
+                "give more data");
+  Config toy;
+  toy.model.name = "toy";
+  toy.train.global_batch_size = 2 * kToySamples;
+  EXPECT_NE(error_of([&] { make_dataset(toy); })
+                .find("train.global_batch_size 8192 is larger than the training "
+                      "data, 4096 samples"),
+            std::string::npos);
 }
 
 // ---------------------------------------------------------------------------

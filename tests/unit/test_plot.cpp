@@ -11,6 +11,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "metrics/metrics.h"
 #include "metrics/plot_svg.h"
@@ -316,8 +318,31 @@ TEST(MetricsFile, AFailedWriteStopsTheFileWithoutThrowing) {
   EXPECT_FALSE(file.append(step_metrics(2)));
   MetricsFile none("");
   EXPECT_TRUE(none.append(step_metrics(1)));
-  EXPECT_EQ(error_of([] { MetricsFile bad("/nonexistent/dir/m.jsonl"); }),
-            "cannot open logging.metrics_file '/nonexistent/dir/m.jsonl': No such file or directory");
+  EXPECT_EQ(error_of([] {
+              MetricsFile bad("/dev/null/m.jsonl");
+            }).rfind("cannot create the directory '/dev/null' of logging.metrics_file '/dev/null/m.jsonl': ", 0),
+            0u);
+}
+
+// The metrics file's directories are created, as checkpoint.dir's are; a
+// FIFO there (or as plot's input) is refused at once instead of blocking in open().
+TEST(MetricsFile, DirectoriesAreCreatedAndFifosRefused) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("st_test_metrics_dirs_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const std::filesystem::path path = dir / "a" / "b" / "m.jsonl";
+  {
+    MetricsFile file(path.string());
+    EXPECT_TRUE(file.append(step_metrics(1)));
+  }
+  EXPECT_EQ(read_metrics_file(path.string()).records.size(), 1u);
+  const std::filesystem::path fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_EQ(error_of([&] { MetricsFile bad(fifo.string()); }),
+            "logging.metrics_file '" + fifo.string() + "' is not a regular file (a FIFO)");
+  EXPECT_EQ(error_of([&] { read_metrics_file(fifo.string()); }),
+            "metrics file '" + fifo.string() + "' is not a regular file (a FIFO)");
+  std::filesystem::remove_all(dir);
 }
 
 std::vector<PlotRun> two_runs() {
