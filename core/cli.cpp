@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <sstream>
 
 #include "core/config.h"
@@ -258,6 +259,14 @@ int run_main(const char* program, const std::function<int()>& body, const Agreed
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", program, e.message().c_str());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // An allocation no caller could attribute (a library's buffer, a
+    // container during set-up): still the user's to fix, not a bug.
+    std::fprintf(stderr,
+                 "%s: error: out of host memory (an allocation failed outside any tensor); give the process more "
+                 "memory or lower the sizes the run needs (model, micro-batch, sequence length)\n",
+                 program);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: internal error: %s\n", program, e.what());

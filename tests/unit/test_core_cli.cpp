@@ -1,6 +1,7 @@
 // core/cli.h: the one command-line parser and run_main of every program.
 #include <cstdint>
 #include <optional>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -173,6 +174,17 @@ TEST(CoreCli, RunMainExitCodes) {
                      }),
             2);
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "prog: error: --steps needs a value (see --help)\n");
+}
+
+TEST(CoreCli, RunMainOutOfMemoryIsTheUsersError) {
+  // A failed allocation outside any tensor (a library's buffer, a container
+  // in set-up) is an out-of-memory error with advice and exit 1, not an
+  // internal error.
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_main("prog", []() -> int { throw std::bad_alloc(); }), 1);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err.rfind("prog: error: out of host memory (an allocation failed outside any tensor); ", 0), 0u) << err;
+  EXPECT_NE(err.find("lower the sizes the run needs"), std::string::npos) << err;
 }
 
 TEST(CoreCli, RunMainAgreedErrors) {
