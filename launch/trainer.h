@@ -1,8 +1,11 @@
 #pragma once
 // The training loop: the model sharded by fsdp::ShardedModel (any strategy,
 // mixed precision, recomputation), the optimizer on this rank's flat shards.
+#include <signal.h>
+
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/comm.h"
@@ -33,6 +36,36 @@ struct TrainResult {
   double mfu = -1;         // over the steps after the first; < 0 when unknown (CPU, unknown GPU)
   int64_t peak_bytes = 0;  // largest per-step peak of this rank's device allocator
 };
+
+/// The handlers of the signals that ask a run to stop, save and exit 0
+/// (SIGTERM, SIGINT, SIGHUP, SIGUSR1), for the object's life. The trainer's
+/// main() installs them before MPI starts, so that a stop at any phase ends
+/// alike: one during start-up ends the run before step 1 (train() agrees on it
+/// once set up), one during a step at its next boundary. Under scripts/launch
+/// a rank starts with SIGUSR1 ignored (scripts/launch-rank) and, once these
+/// handlers are in place, takes a stop the launcher relayed before then from
+/// $ST_LAUNCH_SIGNAL_FILE: no moment of start-up is left where SIGUSR1 kills.
+class StopSignals {
+ public:
+  StopSignals();
+  /// Restores the signals' earlier handlers, except that SIGUSR1 is ignored
+  /// from here on (a late copy of a stop must not kill a rank that is exiting 0).
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_[4]{};  // SIGTERM, SIGINT, SIGHUP, SIGUSR1
+};
+
+/// Test hook: with ST_TEST_HOLD_FOR_STOP=POINT@STEP (or POINT) in the
+/// environment, a process reaching `point` (of `step`) says so on stderr when
+/// `say` ("test hook: holding at save@3 until a stop signal arrives") and
+/// waits until it has received a stop signal, so that a test sends the
+/// signal exactly in that phase, whatever the machine's load. Points:
+/// start-up (before MPI starts), save (before an interval save is written),
+/// step-end (after a step, before the ranks agree on a stop).
+void hold_for_stop_for_test(std::string_view point, int64_t step, bool say);
 
 /// Where train.device puts this rank: cpu; cuda (GPU local_rank % visible
 /// GPUs; an error naming train.device when there is none); auto = cuda when
