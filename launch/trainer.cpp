@@ -394,11 +394,11 @@ class Trainer {
   int64_t resumed_from_ = 0;  // the checkpoint's step when this run resumed; 0 when it started
   std::optional<Checkpointer> checkpointer_;
   int64_t last_step_ = 0;
-  bool terminated_ = false;  // a stop signal ended the run before last_step_ was reached
-  bool stopped_in_start_up_ = false;  // ... before step first_step_ + 1 began
+  bool terminated_ = false;            // a stop signal ended the run before last_step_ was reached
+  bool stopped_in_start_up_ = false;   // ... before step first_step_ + 1 began
   bool stop_kept_async_save_ = false;  // the stop's checkpoint is the async save of step last_step_ - 1
-  int stop_signal_ = 0;      // agreed over the ranks
-  int64_t last_saved_ = 0;   // the step of the newest checkpoint this run wrote or resumed from
+  int stop_signal_ = 0;                // agreed over the ranks
+  int64_t last_saved_ = 0;             // the step of the newest checkpoint this run wrote or resumed from
   Clock::time_point run_start_;
   double timed_seconds_ = 0;  // summed over the steps after this process's first (which includes warm-up)
 };
@@ -867,9 +867,9 @@ TrainResult Trainer::finish() {
   run_profile_->summary();
   if (refresh_plot()) log_.info0("plot: {}.svg (build/plot draws several runs together)", config_.logging.metrics_file);
   if (last_step_ < tc_.steps) {
-    const std::string stopped = format("stopped after step {} of {} ({}){}", last_step_, tc_.steps,
-                                       terminated_ ? signal_name(stop_signal_) : std::string_view("--stop-after"),
-                                       stop_note());
+    const std::string stopped =
+        format("stopped after step {} of {} ({}){}", last_step_, tc_.steps,
+               terminated_ ? signal_name(stop_signal_) : std::string_view("--stop-after"), stop_note());
     log_.info0("{}", stopped);
     // scripts/launch repeats it when mpirun, signalled itself, holds the ranks' output back.
     if (terminated_ && world_.rank() == 0) tell_launcher(stopped);

@@ -1,12 +1,12 @@
 #pragma once
 // The training loop: the model sharded by fsdp::ShardedModel (any strategy,
 // mixed precision, recomputation), the optimizer on this rank's flat shards.
-#include <signal.h>
-
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <signal.h>
 
 #include "core/comm.h"
 #include "core/log.h"
