@@ -75,7 +75,7 @@ int run(const std::vector<std::string>& argv) {
   }
   if (args.print_config) return print_once(st::to_yaml(config), rank0);
 
-  st::launch::hold_for_stop_for_test("start-up", 0, rank0);
+  st::launch::hold_for_stop_for_test("start-up", 0);
   st::CommRuntime comm;
   st::ProcessGroup& world = comm.world();
   st::Logger log(world.rank(), world.size(),

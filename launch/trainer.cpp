@@ -925,7 +925,7 @@ std::string Trainer::eval_summary() const {
 }
 
 void Trainer::save(int64_t done) {
-  hold_for_stop_for_test("step-end", done + 1, world_.rank() == 0);
+  hold_for_stop_for_test("step-end", done + 1);
   // Every rank agrees whether any was sent SIGTERM; a stop saves like the end of the run.
   if ((stop_signal_ = checkpointer_->end_of_step(stop_request())) != 0 && done + 1 < last_step_) {
     terminated_ = true;
@@ -943,7 +943,7 @@ void Trainer::save(int64_t done) {
   if (!config_.checkpoint.dir.empty() && save_now) {
     const profile::PhaseScope checkpoint_phase(profile::Phase::Checkpoint);
     if (stop_signal_ != 0) hold_stop_save_for_test(done + 1);
-    if (stop_signal_ == 0) hold_for_stop_for_test("save", done + 1, world_.rank() == 0);
+    if (stop_signal_ == 0) hold_for_stop_for_test("save", done + 1);
     checkpointer_->save(done + 1, consumed_);
     last_saved_ = done + 1;
     // A stop that came while this save was written makes it the stop's
@@ -1084,14 +1084,14 @@ StopSignals::~StopSignals() {
   }
 }
 
-void hold_for_stop_for_test(std::string_view point, int64_t step, bool say) {
+void hold_for_stop_for_test(std::string_view point, int64_t step) {
   const char* raw = std::getenv("ST_TEST_HOLD_FOR_STOP");
   if (raw == nullptr) return;
   const std::string_view want(raw);
   const size_t at = want.find('@');
   if (want.substr(0, at) != point) return;
   if (at != std::string_view::npos && want.substr(at + 1) != std::to_string(step)) return;
-  if (say) {
+  if (detect_world().rank == 0) {
     std::fprintf(stderr, "test hook: holding at %s until a stop signal arrives\n", raw);
     std::fflush(stderr);
   }

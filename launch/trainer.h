@@ -59,13 +59,14 @@ class StopSignals {
 };
 
 /// Test hook: with ST_TEST_HOLD_FOR_STOP=POINT@STEP (or POINT) in the
-/// environment, a process reaching `point` (of `step`) says so on stderr when
-/// `say` ("test hook: holding at save@3 until a stop signal arrives") and
-/// waits until it has received a stop signal, so that a test sends the
-/// signal exactly in that phase, whatever the machine's load. Points:
-/// start-up (before MPI starts), save (before an interval save is written),
-/// step-end (after a step, before the ranks agree on a stop).
-void hold_for_stop_for_test(std::string_view point, int64_t step, bool say);
+/// environment, a process reaching `point` (of `step`) waits until it has
+/// received a stop signal, and rank 0 of the job (by the launcher's
+/// environment) says so on stderr ("test hook: holding at save@3 until a
+/// stop signal arrives"), so that a test sends the signal exactly in that
+/// phase, whatever the machine's load. Points: start-up (before MPI starts),
+/// save (before an interval save is written), step-end (after a step, before
+/// the ranks agree on a stop).
+void hold_for_stop_for_test(std::string_view point, int64_t step);
 
 /// Where train.device puts this rank: cpu; cuda (GPU local_rank % visible
 /// GPUs; an error naming train.device when there is none); auto = cuda when
