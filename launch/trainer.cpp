@@ -52,6 +52,8 @@ constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
 // The signal number that asked to stop, 0 while none has. A signal handler
 // can only reach a global.
 std::atomic<int> g_stop_signal{0};
+// Set when StopSignals' waiting thread is to end.
+std::atomic<bool> g_stop_waiter_quit{false};
 extern "C" void on_stop_signal(int sig) {
   if (sig == SIGINT && g_stop_signal.load() == SIGINT) ::_exit(130);
   g_stop_signal.store(sig);
@@ -1061,10 +1063,25 @@ std::string batch_fixes(const TrainConfig& train, int world_size) {
 
 StopSignals::StopSignals() {
   static_assert(std::size(kStopSignals) == std::size(decltype(old_){}));
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kStopSignals) sigaddset(&set, sig);
+  // Blocked here, so in every thread started from now on too (MPI's,
+  // OpenMP's, oneDNN's); the handler serves a thread that unblocks them.
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
   for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);
+  waiter_ = std::thread([set] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set, &sig) != 0) continue;
+      if (g_stop_waiter_quit.load()) return;
+      on_stop_signal(sig);
+    }
+  });
   // A stop scripts/launch relayed while SIGUSR1 was still ignored (the
   // moments before these handlers): its file is written before the signal
   // is sent, so it is here by now.
@@ -1078,6 +1095,9 @@ StopSignals::StopSignals() {
 // poll), and the ranks stop as soon as one of them has it: a late copy must
 // not kill a rank that has stopped, saved and is exiting 0.
 StopSignals::~StopSignals() {
+  g_stop_waiter_quit.store(true);
+  pthread_kill(waiter_.native_handle(), SIGUSR1);
+  waiter_.join();
   for (size_t i = 0; i < std::size(kStopSignals); ++i) {
     if (kStopSignals[i] == SIGUSR1 && old_[i].sa_handler == SIG_DFL) old_[i].sa_handler = SIG_IGN;
     ::sigaction(kStopSignals[i], &old_[i], nullptr);

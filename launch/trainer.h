@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <signal.h>
@@ -45,17 +46,24 @@ struct TrainResult {
 /// a rank starts with SIGUSR1 ignored (scripts/launch-rank) and, once these
 /// handlers are in place, takes a stop the launcher relayed before then from
 /// $ST_LAUNCH_SIGNAL_FILE: no moment of start-up is left where SIGUSR1 kills.
+/// The signals are blocked in every thread (the object must be made before
+/// any thread starts) and taken by a thread of its own (sigwait): a signal
+/// then never interrupts a system call or runs a handler on a thread in the
+/// middle of a GEMM (one landing in oneDNN's GEMMs under Open MPI crashed a
+/// rank now and then).
 class StopSignals {
  public:
   StopSignals();
-  /// Restores the signals' earlier handlers, except that SIGUSR1 is ignored
-  /// from here on (a late copy of a stop must not kill a rank that is exiting 0).
+  /// Stops the waiting thread and restores the signals' earlier handlers,
+  /// except that SIGUSR1 is ignored from here on (a late copy of a stop must
+  /// not kill a rank that is exiting 0); the signals stay blocked.
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
   struct sigaction old_[4]{};  // SIGTERM, SIGINT, SIGHUP, SIGUSR1
+  std::thread waiter_;         // takes the signals one by one (sigwait)
 };
 
 /// Test hook: with ST_TEST_HOLD_FOR_STOP=POINT@STEP (or POINT) in the
