@@ -47,6 +47,9 @@ int print_once(const std::string& text, bool rank0) {
 }
 
 int run(const std::vector<std::string>& argv) {
+  // First of all: a stop signal at any later moment (here, in MPI's start,
+  // while the model is built) asks for a clean stop instead of killing the rank.
+  const st::launch::StopSignals stop_signals;
   // Rank 0 by the launcher's environment (no MPI yet): it alone prints what
   // every rank would print alike, a usage error included.
   const bool rank0 = st::agreed_errors_of_job().reporter();
@@ -72,6 +75,7 @@ int run(const std::vector<std::string>& argv) {
   }
   if (args.print_config) return print_once(st::to_yaml(config), rank0);
 
+  st::launch::hold_for_stop_for_test("start-up", 0);
   st::CommRuntime comm;
   st::ProcessGroup& world = comm.world();
   st::Logger log(world.rank(), world.size(),

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +52,8 @@ constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
 // The signal number that asked to stop, 0 while none has. A signal handler
 // can only reach a global.
 std::atomic<int> g_stop_signal{0};
+// Set when StopSignals' waiting thread is to end.
+std::atomic<bool> g_stop_waiter_quit{false};
 extern "C" void on_stop_signal(int sig) {
   if (sig == SIGINT && g_stop_signal.load() == SIGINT) ::_exit(130);
   g_stop_signal.store(sig);
@@ -102,36 +105,6 @@ int stop_request() {
   const int original = relayed_signal();
   return original != 0 ? kRelayed + original : sig;
 }
-
-// Installs the stop handlers for the life of a train() call.
-class StopSignals {
- public:
-  StopSignals() {
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    g_stop_signal = 0;
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);
-  }
-  // SIGUSR1, left at its default, is ignored from here on. A stop reaches the
-  // ranks more than once and not at the same moment (mpirun signals each
-  // rank's process group and scripts/launch-rank passes the signal on too;
-  // each rank's launch-rank sees its launcher die on its own 0.2 s poll), and
-  // the ranks stop as soon as one of them has it: a late copy must not kill a
-  // rank that has stopped, saved and is exiting 0.
-  ~StopSignals() {
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) {
-      const bool usr1_default = kStopSignals[i] == SIGUSR1 && old_[i].sa_handler == SIG_DFL;
-      if (usr1_default) old_[i].sa_handler = SIG_IGN;
-      ::sigaction(kStopSignals[i], &old_[i], nullptr);
-    }
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  struct sigaction old_[std::size(kStopSignals)]{};
-};
 
 // The largest stop signal any rank got, 0 for none (collective: every rank
 // calls it at the same boundary, so all stop together).
@@ -360,6 +333,8 @@ class Trainer {
   TrainResult finish();
   // ", val_loss L (best B at step S)" for the summary; "" when nothing was evaluated.
   std::string eval_summary() const;
+  // What the "stopped after step N" line adds: what was saved, when that is not the step itself.
+  std::string stop_note() const;
 
   // After step `done` + 1: agrees on a stop, commits a finished background
   // save and saves when due.
@@ -428,18 +403,27 @@ class Trainer {
   int64_t consumed_ = 0;  // samples consumed (the sampler's position)
   int64_t first_step_ = 0;
   int64_t resumed_from_ = 0;  // the checkpoint's step when this run resumed; 0 when it started
-  std::optional<StopSignals> stop_signals_;
   std::optional<Checkpointer> checkpointer_;
   int64_t last_step_ = 0;
-  bool terminated_ = false;  // a stop signal ended the run before last_step_ was reached
-  int stop_signal_ = 0;      // agreed over the ranks
-  int64_t last_saved_ = 0;   // the step of the newest checkpoint this run wrote or resumed from
+  bool terminated_ = false;            // a stop signal ended the run before last_step_ was reached
+  bool stopped_in_start_up_ = false;   // ... before step first_step_ + 1 began
+  bool stop_kept_async_save_ = false;  // the stop's checkpoint is the async save of step last_step_ - 1
+  int stop_signal_ = 0;                // agreed over the ranks
+  int64_t last_saved_ = 0;             // the step of the newest checkpoint this run wrote or resumed from
   Clock::time_point run_start_;
   double timed_seconds_ = 0;  // summed over the steps after this process's first (which includes warm-up)
 };
 
 TrainResult Trainer::run() {
   setup();
+  // A stop that came during start-up (the handlers are in place before MPI
+  // starts) ends the run here: no step has changed anything, nothing to save.
+  if ((stop_signal_ = stop_agreed(world_)) != 0) {
+    terminated_ = true;
+    stopped_in_start_up_ = true;
+    last_step_ = first_step_;
+    return finish();
+  }
   run_start_ = Clock::now();
   for (int64_t done = first_step_; done < last_step_; ++done) {
     const auto step_start = Clock::now();
@@ -660,7 +644,6 @@ void Trainer::setup_batches() {
 // fixes the last step of this run.
 void Trainer::setup_checkpoints() {
   result_.num_parameters = n_params_;
-  stop_signals_.emplace();
   checkpointer_.emplace(config_, *sharded_, *optimizer_, world_, log_, n_params_, run_root_.topology);
   if (std::optional<ResumePoint> point = checkpointer_->load(resume_)) {
     first_step_ = point->step;
@@ -913,9 +896,12 @@ TrainResult Trainer::finish() {
   run_profile_->summary();
   if (refresh_plot()) log_.info0("plot: {}.svg (build/plot draws several runs together)", config_.logging.metrics_file);
   if (last_step_ < tc_.steps) {
-    log_.info0("stopped after step {} of {} ({}){}", last_step_, tc_.steps,
-               terminated_ ? signal_name(stop_signal_) : std::string_view("--stop-after"),
-               config_.checkpoint.dir.empty() ? "; no checkpoint.dir, so nothing was saved" : "");
+    const std::string stopped =
+        format("stopped after step {} of {} ({}){}", last_step_, tc_.steps,
+               terminated_ ? signal_name(stop_signal_) : std::string_view("--stop-after"), stop_note());
+    log_.info0("{}", stopped);
+    // scripts/launch repeats it when mpirun, signalled itself, holds the ranks' output back.
+    if (terminated_ && world_.rank() == 0) tell_launcher(stopped);
   }
   // The first step of this process includes warm-up, so it is not timed.
   const int64_t timed_steps = last_step_ - first_step_ - 1;
@@ -933,9 +919,31 @@ TrainResult Trainer::finish() {
                   has_tokens_ ? "tok" : "samples", first_step_ + 2, last_step_,
                   result_.mfu >= 0 ? format(", MFU {:.1f}%", 100.0 * result_.mfu) : std::string());
   }
+  if (result_.losses.empty()) {
+    // Stopped before this process completed a step: no loss, no rate.
+    log_.summary0("done: no step completed (stopped by {} {}), on {}", signal_name(stop_signal_),
+                  stopped_in_start_up_ ? std::string("during start-up") : format("in step {}", first_step_ + 1),
+                  device_.str());
+    return result_;
+  }
   log_.summary0("done: steps {}..{}, final loss {:.4f}{}, {}, peak {} on {}", first_step_ + 1, last_step_,
                 result_.losses.back(), eval_summary(), rate, human_bytes(result_.peak_bytes), device_.str());
   return result_;
+}
+
+std::string Trainer::stop_note() const {
+  const std::string resumed =
+      resumed_from_ > 0 ? format(" (step {}, where it resumed, stays the latest checkpoint)", resumed_from_) : "";
+  if (stopped_in_start_up_) return "; the stop came during start-up, so no step ran and nothing was saved" + resumed;
+  if (last_step_ == first_step_) return "; no step completed in this run, so nothing was saved" + resumed;
+  if (config_.checkpoint.dir.empty()) return "; no checkpoint.dir, so nothing was saved";
+  if (stop_kept_async_save_) {
+    return format(
+        "; the checkpoint of step {}, written in the background when the stop came, is the last: step {} was not "
+        "saved (a resumed run redoes it)",
+        last_step_ - 1, last_step_);
+  }
+  return {};
 }
 
 std::string Trainer::eval_summary() const {
@@ -946,18 +954,33 @@ std::string Trainer::eval_summary() const {
 }
 
 void Trainer::save(int64_t done) {
+  hold_for_stop_for_test("step-end", done + 1);
   // Every rank agrees whether any was sent SIGTERM; a stop saves like the end of the run.
   if ((stop_signal_ = checkpointer_->end_of_step(stop_request())) != 0 && done + 1 < last_step_) {
     terminated_ = true;
     last_step_ = done + 1;
+    // The async save of the step before was being written while this step
+    // ran (or has just been): it is the stop's checkpoint, finished by
+    // finish(), rather than a second save after it (the step is redone on resume).
+    if (config_.checkpoint.async && last_saved_ == done && done > first_step_) {
+      stop_kept_async_save_ = true;
+      return;
+    }
   }
   const int64_t interval = config_.checkpoint.interval;
   const bool save_now = (interval > 0 && (done + 1) % interval == 0) || done + 1 == last_step_;
   if (!config_.checkpoint.dir.empty() && save_now) {
     const profile::PhaseScope checkpoint_phase(profile::Phase::Checkpoint);
     if (stop_signal_ != 0) hold_stop_save_for_test(done + 1);
+    if (stop_signal_ == 0) hold_for_stop_for_test("save", done + 1);
     checkpointer_->save(done + 1, consumed_);
     last_saved_ = done + 1;
+    // A stop that came while this save was written makes it the stop's
+    // checkpoint: the run ends here, not one step and a second save later.
+    if (done + 1 < last_step_ && (stop_signal_ = stop_agreed(world_)) != 0) {
+      terminated_ = true;
+      last_step_ = done + 1;
+    }
   }
 }
 
@@ -1064,6 +1087,63 @@ std::string batch_fixes(const TrainConfig& train, int world_size) {
 }
 
 }  // namespace
+
+StopSignals::StopSignals() {
+  static_assert(std::size(kStopSignals) == std::size(decltype(old_){}));
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kStopSignals) sigaddset(&set, sig);
+  // Blocked here, so in every thread started from now on too (MPI's,
+  // OpenMP's, oneDNN's); the handler serves a thread that unblocks them.
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);
+  waiter_ = std::thread([set] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set, &sig) != 0) continue;
+      if (g_stop_waiter_quit.load()) return;
+      on_stop_signal(sig);
+    }
+  });
+  // A stop scripts/launch relayed while SIGUSR1 was still ignored (the
+  // moments before these handlers): its file is written before the signal
+  // is sent, so it is here by now.
+  if (g_stop_signal.load() == 0 && relayed_signal() != 0) g_stop_signal.store(SIGUSR1);
+}
+
+// SIGUSR1, left at its default or ignored on entry, is ignored from here on.
+// A stop reaches the ranks more than once and not at the same moment (mpirun
+// signals each rank's process group and scripts/launch-rank passes the signal
+// on too; each rank's launch-rank sees its launcher die on its own 0.2 s
+// poll), and the ranks stop as soon as one of them has it: a late copy must
+// not kill a rank that has stopped, saved and is exiting 0.
+StopSignals::~StopSignals() {
+  g_stop_waiter_quit.store(true);
+  pthread_kill(waiter_.native_handle(), SIGUSR1);
+  waiter_.join();
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+    if (kStopSignals[i] == SIGUSR1 && old_[i].sa_handler == SIG_DFL) old_[i].sa_handler = SIG_IGN;
+    ::sigaction(kStopSignals[i], &old_[i], nullptr);
+  }
+}
+
+void hold_for_stop_for_test(std::string_view point, int64_t step) {
+  const char* raw = std::getenv("ST_TEST_HOLD_FOR_STOP");
+  if (raw == nullptr) return;
+  const std::string_view want(raw);
+  const size_t at = want.find('@');
+  if (want.substr(0, at) != point) return;
+  if (at != std::string_view::npos && want.substr(at + 1) != std::to_string(step)) return;
+  if (detect_world().rank == 0) {
+    std::fprintf(stderr, "test hook: holding at %s until a stop signal arrives\n", raw);
+    std::fflush(stderr);
+  }
+  while (g_stop_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
 
 Device resolve_device(DeviceKind kind, int local_rank) {
   if (kind == DeviceKind::Cpu) return Device::cpu();

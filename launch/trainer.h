@@ -3,7 +3,11 @@
 // mixed precision, recomputation), the optimizer on this rank's flat shards.
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
+
+#include <signal.h>
 
 #include "core/comm.h"
 #include "core/log.h"
@@ -33,6 +37,44 @@ struct TrainResult {
   double mfu = -1;         // over the steps after the first; < 0 when unknown (CPU, unknown GPU)
   int64_t peak_bytes = 0;  // largest per-step peak of this rank's device allocator
 };
+
+/// The handlers of the signals that ask a run to stop, save and exit 0
+/// (SIGTERM, SIGINT, SIGHUP, SIGUSR1), for the object's life. The trainer's
+/// main() installs them before MPI starts, so that a stop at any phase ends
+/// alike: one during start-up ends the run before step 1 (train() agrees on it
+/// once set up), one during a step at its next boundary. Under scripts/launch
+/// a rank starts with SIGUSR1 ignored (scripts/launch-rank) and, once these
+/// handlers are in place, takes a stop the launcher relayed before then from
+/// $ST_LAUNCH_SIGNAL_FILE: no moment of start-up is left where SIGUSR1 kills.
+/// The signals are blocked in every thread (the object must be made before
+/// any thread starts) and taken by a thread of its own (sigwait): a signal
+/// then never interrupts a system call or runs a handler on a thread in the
+/// middle of a GEMM (one landing in oneDNN's GEMMs under Open MPI crashed a
+/// rank now and then).
+class StopSignals {
+ public:
+  StopSignals();
+  /// Stops the waiting thread and restores the signals' earlier handlers,
+  /// except that SIGUSR1 is ignored from here on (a late copy of a stop must
+  /// not kill a rank that is exiting 0); the signals stay blocked.
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_[4]{};  // SIGTERM, SIGINT, SIGHUP, SIGUSR1
+  std::thread waiter_;         // takes the signals one by one (sigwait)
+};
+
+/// Test hook: with ST_TEST_HOLD_FOR_STOP=POINT@STEP (or POINT) in the
+/// environment, a process reaching `point` (of `step`) waits until it has
+/// received a stop signal, and rank 0 of the job (by the launcher's
+/// environment) says so on stderr ("test hook: holding at save@3 until a
+/// stop signal arrives"), so that a test sends the signal exactly in that
+/// phase, whatever the machine's load. Points: start-up (before MPI starts),
+/// save (before an interval save is written), step-end (after a step, before
+/// the ranks agree on a stop).
+void hold_for_stop_for_test(std::string_view point, int64_t step);
 
 /// Where train.device puts this rank: cpu; cuda (GPU local_rank % visible
 /// GPUs; an error naming train.device when there is none); auto = cuda when

@@ -14,6 +14,12 @@ one of:
   launcher-killed  `kill -9` of the launcher while training: mpirun and every rank end (checked by pid),
                    having saved the last step; the checkpoint.dir lock is free and the job's last lines
                    still reach the launcher's stderr.
+  agent-killed     `kill -9` of rank 1's agent (scripts/launch-rank) while training: the launcher names it and its
+                   rank in one line and exits 1 (it used to wait, silent, while rank 0 spun), and no process of the
+                   job is left; again with a SIGTERM to the launcher right after the kill.
+  mpirun-signalled SIGTERM to mpirun itself (not to the launcher): the launcher says mpirun does not pass it on and
+                   how to stop a job; the ranks save and stop at once (mpirun would SIGTERM them 120 s later) and
+                   the launcher exits 0, repeating rank 0's stopped line, which mpirun holds back.
   clean            good runs through the launcher exit 0 and print no line about /proc, from bash or from the
                    launcher.
   quiet-failure    a typo in --set through the launcher prints the rank's one error line and nothing else (no
@@ -169,6 +175,12 @@ def children(pid, comm):
     return out
 
 
+def parent(pid):
+    """The parent pid of `pid`."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def latest_committed(root):
     with open(os.path.join(root, "latest")) as f:
         latest = f.read().strip()
@@ -257,6 +269,64 @@ def check_launcher_killed(trainer, tmp):
             lock != "free" or f"stopped after step {k} of 1000000 (SIGUSR1)" not in err:
         job.dump()
         fail("after kill -9 of the launcher the ranks should save, stop and free the lock, saying why")
+
+
+def check_agent_killed(trainer, tmp):
+    for then_term in (False, True):
+        metrics = os.path.join(tmp, f"agent-{then_term}.jsonl")
+        job = Job([LAUNCH, "-np", "2", trainer] + TINY + ["--set", f"logging.metrics_file={metrics}"])
+        wait_for_steps(metrics, 3, job)
+        ranks = rank_pids(metrics)
+        mpirun = children(job.proc.pid, "mpirun")
+        agents = {r: parent(p) for r, p in ranks.items()}  # each rank's scripts/launch-rank
+        if sorted(ranks) != [0, 1] or len(mpirun) != 1 or {parent(a) for a in agents.values()} != set(mpirun):
+            job.proc.kill()
+            fail(f"expected ranks 0 and 1 under launch-rank agents of one mpirun: {ranks}, {agents}, {mpirun}")
+        os.kill(agents[1], signal.SIGKILL)
+        if then_term:
+            job.proc.send_signal(signal.SIGTERM)
+        err = job.finish()
+        want = re.compile(rf"^launch: scripts/launch-rank of rank 1 \(pid {agents[1]} on host \S+\) died without "
+                          rf"reporting how its rank ended \(killed from outside: kill -9\?\); rank 1 \(pid {ranks[1]}\) "
+                          r"(is gone with it|was still running; killed)\. Ending the other ranks and mpirun, exit 1\.$", re.M)
+        line = next((ln for ln in err.splitlines() if "launch-rank of rank" in ln), "(no line)")
+        print(f"agent-killed{' then SIGTERM' if then_term else ''}: launcher exit {job.proc.returncode}: {line}")
+        if job.proc.returncode != 1 or not want.search(err) or noise(err):
+            job.dump()
+            fail("SIGKILL of a rank's agent should end the job with exit 1 and a line naming the agent and its rank")
+        wait_gone(list(ranks.values()) + list(agents.values()) + mpirun, "after the launcher ended")
+
+
+def check_mpirun_signalled(trainer, tmp):
+    root = os.path.join(tmp, "ckpt")
+    metrics = os.path.join(tmp, "mpirun.jsonl")
+    job = Job([LAUNCH, "-np", "2", trainer] + TINY +
+              ["--set", f"logging.metrics_file={metrics}", "--set", f"checkpoint.dir={root}",
+               "--set", "checkpoint.interval=0"])
+    wait_for_steps(metrics, 3, job)
+    ranks = rank_pids(metrics)
+    mpirun = children(job.proc.pid, "mpirun")
+    if len(mpirun) != 1:
+        job.proc.kill()
+        fail(f"expected one mpirun under the launcher, found {mpirun}")
+    os.kill(mpirun[0], signal.SIGTERM)
+    err = job.finish()
+    latest, complete = latest_committed(root)
+    said = [ln.strip() for ln in err.splitlines() if ln.startswith("launch:")]
+    print(f"mpirun-signalled: launcher exit {job.proc.returncode}; latest = {latest} "
+          f"({'complete' if complete else 'INCOMPLETE'})")
+    for ln in said:
+        print(f"  {ln}")
+    k = int(latest.split("-")[1]) if latest.startswith("step-") else -1
+    want = (f"launch: mpirun got a signal of its own (SIGTERM, SIGINT or SIGHUP?), which it does not pass on to the "
+            f"ranks: it began its kill path (SIGTERM to the ranks in 120 s; their output is held meanwhile), so the "
+            f"ranks save and stop now (SIGUSR1). Stop a job by signalling this script, kill {job.proc.pid}, which "
+            f"reaches the ranks at once (or kill -USR1 <mpirun pid>)")
+    if job.proc.returncode != 0 or said[:1] != [want] or not complete or \
+            f"launch: rank 0 reported: stopped after step {k} of 1000000 (SIGUSR1)" not in said or noise(err):
+        job.dump()
+        fail("SIGTERM to mpirun should be explained, the ranks should save and stop at once, and the launcher exit 0")
+    wait_gone(list(ranks.values()) + mpirun, "after the launcher ended")
 
 
 def launch(*args):
@@ -440,7 +510,8 @@ def main():
                 "launcher-killed": check_launcher_killed, "clean": check_clean, "split": check_split,
                 "quiet-failure": check_quiet_failure, "sigint-ignored": check_sigint_ignored,
                 "signal-names": check_signal_names, "errors-once": check_errors_once,
-                "late-signal": check_late_signal})
+                "late-signal": check_late_signal, "agent-killed": check_agent_killed,
+                "mpirun-signalled": check_mpirun_signalled})
 
 
 if __name__ == "__main__":
