@@ -216,7 +216,7 @@ def check_step_line(trainer, tmp):
     if not all(ln.startswith('{"step":%d,"loss":' % r["step"]) for ln, r in zip(lines, rows)):
         fail(f"a metrics line does not start with step, then loss: {lines[0][:80]}")
     tokens = 12 * 32  # configs/llama-tiny.yaml: global batch 12, seq_len 32
-    peak = float(re.search(r"device peak ([\d.]+) GFLOP/s per rank \(512\^3 \S+ through ops::gemm, best of 5, measured in "
+    peak = float(re.search(r"device peak ([\d.]+) GFLOP/s per rank \(1024\^3 \S+ through ops::gemm, best of 5, measured in "
                            r"[\d.]+ s\)", proc.stderr)[1]) * 1e9
     flops = float(re.search(r"model FLOPs: (\S+) per token", proc.stderr)[1])
     found = [STEP_LINE.search(ln) for ln in proc.stderr.splitlines() if re.search(r"step \d+/12 \|", ln)]
