@@ -347,6 +347,14 @@ void widened_by_k(const GemmKey& key, const WidenedPlan& plan, const Tensor& a, 
   if (plan.c > 0) narrow_rows(pc, c.data<BFloat16>(), m * n);
 }
 
+// Widened GEMMs below this many multiply-adds go to Eigen on the calling
+// thread (operands widened whole): decided by the shape alone, so results stay
+// fixed for a shape.
+constexpr int64_t kSmallGemm = int64_t{1} << 23;
+bool small_gemm(int64_t m, int64_t n, int64_t k) {
+  return static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) < static_cast<double>(kSmallGemm);
+}
+
 // The F32 GEMM of operands any of which may be BF16, in blocks (above).
 void gemm_widened(const Tensor& a, bool a_t, const Tensor& b, bool b_t, const Tensor& c, int64_t m, int64_t n,
                   int64_t k, float alpha, float beta) {
@@ -371,6 +379,12 @@ void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, const Te
   }
   const bool a_t = ta == Transpose::Yes, b_t = tb == Transpose::Yes;
   const bool direct = a.dtype() == b.dtype() && (a.dtype() == DType::F32 || native_bf16());
+  if (!direct && small_gemm(m, n, k)) {
+    // Too small to pay for the widening passes' and the primitive's thread
+    // wake-ups (llama-tiny's GEMMs ran at half speed through them).
+    gemm_eigen(a, ta, b, tb, c, m, n, k, alpha, beta);
+    return;
+  }
   if (!direct) {
     gemm_widened(a, a_t, b, b_t, c, m, n, k, alpha, beta);
     return;
@@ -388,6 +402,10 @@ void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, const Te
 int64_t gemm_scratch_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
   const bool direct = a == b && (a == DType::F32 || native_bf16());
   if (direct && c == DType::F32) return 0;
+  if (!direct && small_gemm(m, n, k)) {
+    const int64_t whole = (a == DType::BF16 ? m * k : 0) + (b == DType::BF16 ? k * n : 0) + (c == DType::BF16 ? m * n : 0);
+    return whole * static_cast<int64_t>(sizeof(float));
+  }
   // Transposes change which blocks are copied; the larger of the two layouts bounds both.
   int64_t floats = 0;
   for (const bool a_t : {false, true}) {
