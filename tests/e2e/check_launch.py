@@ -238,15 +238,20 @@ def check_second_signal(trainer, tmp):
         fail("a second SIGTERM during the save should still commit the checkpoint and exit 0")
 
 
-def check_launcher_killed(trainer, tmp):
+def saving_job(trainer, tmp, name):
+    """A 2-rank llama-tiny job under the launcher that saves only at its end, past its third
+    step: (job, checkpoint root, {rank: pid}, [mpirun pid])."""
     root = os.path.join(tmp, "ckpt")
-    metrics = os.path.join(tmp, "orphan.jsonl")
+    metrics = os.path.join(tmp, f"{name}.jsonl")
     job = Job([LAUNCH, "-np", "2", trainer] + TINY +
               ["--set", f"logging.metrics_file={metrics}", "--set", f"checkpoint.dir={root}",
                "--set", "checkpoint.interval=0"])
     wait_for_steps(metrics, 3, job)
-    ranks = rank_pids(metrics)
-    mpirun = children(job.proc.pid, "mpirun")
+    return job, root, rank_pids(metrics), children(job.proc.pid, "mpirun")
+
+
+def check_launcher_killed(trainer, tmp):
+    job, root, ranks, mpirun = saving_job(trainer, tmp, "orphan")
     if sorted(ranks) != [0, 1] or len(mpirun) != 1:
         job.proc.kill()
         fail(f"expected ranks 0 and 1 under one mpirun, found {ranks} and {mpirun}")
@@ -298,14 +303,7 @@ def check_agent_killed(trainer, tmp):
 
 
 def check_mpirun_signalled(trainer, tmp):
-    root = os.path.join(tmp, "ckpt")
-    metrics = os.path.join(tmp, "mpirun.jsonl")
-    job = Job([LAUNCH, "-np", "2", trainer] + TINY +
-              ["--set", f"logging.metrics_file={metrics}", "--set", f"checkpoint.dir={root}",
-               "--set", "checkpoint.interval=0"])
-    wait_for_steps(metrics, 3, job)
-    ranks = rank_pids(metrics)
-    mpirun = children(job.proc.pid, "mpirun")
+    job, root, ranks, mpirun = saving_job(trainer, tmp, "mpirun")
     if len(mpirun) != 1:
         job.proc.kill()
         fail(f"expected one mpirun under the launcher, found {mpirun}")

@@ -204,6 +204,17 @@ def check_start_up(trainer, tmp):
     expect_clean_stop(proc, err, "SIGTERM on the first line", " of 100000 (SIGTERM)", "done: ")
 
 
+def stop_at_hold(trainer, ckpt, metrics, root, hold, line, what):
+    """Starts one rank held at `hold` (ST_TEST_HOLD_FOR_STOP), sends SIGTERM on the hook's `line`
+    and returns (proc, stderr, the steps in the metrics file, the count of saves), printing them."""
+    proc = start(trainer, ckpt, metrics, 0, hold)
+    _, err, _ = signal_on_line(proc, signal.SIGTERM, line)
+    steps = sorted(loss_by_step(metrics))
+    saves = err.count("saved checkpoint")
+    print(f"{what}: exit {proc.returncode}, steps {steps}, {saves} save(s), checkpoints {step_dirs(root)}")
+    return proc, err, steps, saves
+
+
 def check_save(trainer, tmp, asynchronous):
     name = "save-async" if asynchronous else "save-sync"
     root = os.path.join(tmp, "ckpt")
@@ -211,12 +222,9 @@ def check_save(trainer, tmp, asynchronous):
     # One micro-batch per rank: a step has no boundary inside it where a stop would end it early.
     ckpt = ["--set", f"checkpoint.dir={root}", "--set", "checkpoint.interval=2", "--set",
             f"checkpoint.async={'true' if asynchronous else 'false'}", "--set", "train.global_batch_size=2"]
-    proc = start(trainer, ckpt, metrics, 0, "save@2")
-    out, err, secs = signal_on_line(proc, signal.SIGTERM, "test hook: holding at save@2 until a stop signal arrives")
-    steps = sorted(loss_by_step(metrics))
-    saves = err.count("saved checkpoint")
-    print(f"{name}: SIGTERM during the save of step 2: exit {proc.returncode}, steps {steps}, {saves} save(s), "
-          f"checkpoints {step_dirs(root)}")
+    proc, err, steps, saves = stop_at_hold(trainer, ckpt, metrics, root, "save@2",
+                                           "test hook: holding at save@2 until a stop signal arrives",
+                                           f"{name}: SIGTERM during the save of step 2")
     expect_clean_stop(proc, err, f"{name}: SIGTERM during a save", "stopped after step 2 of 100000 (SIGTERM)\n")
     if steps != [1, 2] or saves != 1 or step_dirs(root) != ["step-000002"] or latest_step(root) != "step-000002" \
             or "stopping in step 3" in err:
@@ -226,12 +234,9 @@ def check_save(trainer, tmp, asynchronous):
     # The stop lands at the end of step 3, while (or just after) the async save of step 2 was written.
     shutil.rmtree(root)
     os.remove(metrics)
-    proc = start(trainer, ckpt, metrics, 0, "step-end@3")
-    out, err, secs = signal_on_line(proc, signal.SIGTERM, "test hook: holding at step-end@3 until a stop signal")
-    steps = sorted(loss_by_step(metrics))
-    saves = err.count("saved checkpoint")
-    print(f"{name}: SIGTERM at the end of step 3, after the async save of step 2: exit {proc.returncode}, "
-          f"steps {steps}, {saves} save(s), checkpoints {step_dirs(root)}")
+    proc, err, steps, saves = stop_at_hold(trainer, ckpt, metrics, root, "step-end@3",
+                                           "test hook: holding at step-end@3 until a stop signal",
+                                           f"{name}: SIGTERM at the end of step 3, after the async save of step 2")
     expect_clean_stop(proc, err, f"{name}: SIGTERM after an async save",
                       "stopped after step 3 of 100000 (SIGTERM); the checkpoint of step 2, written in the background "
                       "when the stop came, is the last: step 3 was not saved (a resumed run redoes it)")
