@@ -32,7 +32,7 @@ struct MemoryPlan {
   int64_t compute_bytes = 4;            // bytes per element of the compute dtype (param_dtype)
   int64_t gathered_bytes = 0;           // FSDP: the largest unit gathered, held twice (prefetch) + its gradient
   int64_t recomputed_layers = 0;        // layers fsdp.activation_checkpointing recomputes
-  int64_t gemm_scratch_bytes = 0;       // CPU: F32 copies the GEMM makes of BF16 operands (core/cpu/ops_cpu.h), largest GEMM
+  int64_t gemm_scratch_bytes = 0;  // CPU: F32 copies the GEMM makes of BF16 operands (core/cpu/ops_cpu.h), largest GEMM
 
   /// Activation bytes of a micro-batch of `samples` with `recomputed` layers recomputed.
   int64_t activation_bytes(int64_t samples, int64_t recomputed) const;

@@ -381,10 +381,10 @@ class Trainer {
   std::optional<metrics::MetricsFile> metrics_;
   models::ModelFlops flops_;
   DType compute_dtype_ = DType::F32;
-  double device_peak_ = 0;           // FLOP/s of one device (a rank's threads on the CPU); 0 when unknown
+  double device_peak_ = 0;               // FLOP/s of one device (a rank's threads on the CPU); 0 when unknown
   mutable bool mfu_cap_warned_ = false;  // capped_mfu() has said that MFU came out above 100%
-  std::string peak_note_;            // how the CPU's peak was measured
-  metrics::IntervalMeans interval_;  // the steps since the last step line
+  std::string peak_note_;                // how the CPU's peak was measured
+  metrics::IntervalMeans interval_;      // the steps since the last step line
   bool metrics_warned_ = false;
   std::optional<RunProfile> run_profile_;
   std::optional<MemoryPlan> memory_plan_;
@@ -869,8 +869,8 @@ void Trainer::set_rates(metrics::StepMetrics& m, double seconds) const {
   m.tokens_per_s = has_tokens_ ? static_cast<double>(tc_.seq_len) * m.samples_per_s : -1.0;
   // MFU per device: this rank's share of the work against one device's peak.
   if (device_peak_ > 0)
-    m.mfu = capped_mfu(metrics::mfu(tokens_per_sample_ * m.samples_per_s / world_.size(), flops_.flops_per_token,
-                                    device_peak_));
+    m.mfu = capped_mfu(
+        metrics::mfu(tokens_per_sample_ * m.samples_per_s / world_.size(), flops_.flops_per_token, device_peak_));
 }
 
 double Trainer::capped_mfu(double mfu) const {
@@ -878,9 +878,10 @@ double Trainer::capped_mfu(double mfu) const {
   // the step fast: say so once and report the measured peak as reached.
   if (mfu > 1.0 && !mfu_cap_warned_) {
     mfu_cap_warned_ = true;
-    log_.warn0("MFU {:.1f}% is above 100%: the start-up GEMM peak ({:.1f} GFLOP/s per rank) was measured low, "
-               "probably on a busy machine; MFU is reported as at most 100% (--profile measures the peak again)",
-               100.0 * mfu, device_peak_ / 1e9);
+    log_.warn0(
+        "MFU {:.1f}% is above 100%: the start-up GEMM peak ({:.1f} GFLOP/s per rank) was measured low, "
+        "probably on a busy machine; MFU is reported as at most 100% (--profile measures the peak again)",
+        100.0 * mfu, device_peak_ / 1e9);
   }
   return std::min(mfu, 1.0);
 }
@@ -911,7 +912,8 @@ TrainResult Trainer::finish() {
     result_.tokens_per_s = tokens_per_sample_ * static_cast<double>(tc_.global_batch_size) *
                            static_cast<double>(timed_steps) / timed_seconds_;
     if (device_peak_ > 0)
-      result_.mfu = capped_mfu(metrics::mfu(result_.tokens_per_s / world_.size(), flops_.flops_per_token, device_peak_));
+      result_.mfu =
+          capped_mfu(metrics::mfu(result_.tokens_per_s / world_.size(), flops_.flops_per_token, device_peak_));
   }
   // The first step is not timed, so a one-step run has no throughput to report.
   // The step lines' definition: the global batch over the mean time of the timed steps.

@@ -266,8 +266,10 @@ WidenedPlan widened_plan(const GemmKey& key) {
     const bool a_copied = wa || a_t;  // rows of op(a) are strided when a is stored (K, M)
     const int64_t per_row = (a_copied ? k : 0) + (wc ? n : 0);
     plan.block = per_row > 0 ? std::clamp(kScratchTarget / per_row, kMinBlock, m) : m;
-    if (plan.block == m && !wa) plan.a = 0;
-    else plan.a = a_copied ? plan.block * k : 0;
+    if (plan.block == m && !wa)
+      plan.a = 0;
+    else
+      plan.a = a_copied ? plan.block * k : 0;
     plan.c = wc ? plan.block * n : 0;
   }
   return plan;
@@ -297,8 +299,8 @@ void narrow_rows(const float* src, BFloat16* dst, int64_t n) {
 }
 
 // One primitive call of the widened path: op(a) (m, k) @ op(b) (k, n) into c (m, n), all contiguous F32.
-void run_f32(int64_t m, int64_t n, int64_t k, bool a_t, const float* a, bool b_t, const float* b, float* c,
-             float alpha, float beta) {
+void run_f32(int64_t m, int64_t n, int64_t k, bool a_t, const float* a, bool b_t, const float* b, float* c, float alpha,
+             float beta) {
   const GemmKey key{m, n, k, a_t, b_t, DType::F32, DType::F32, DType::F32, alpha, beta};
   const std::shared_ptr<const Matmul> matmul = cached_matmul(key);
   ST_CHECK(matmul != nullptr, "oneDNN has no F32 matmul for {}x{}x{}", m, n, k);
@@ -403,7 +405,8 @@ int64_t gemm_scratch_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DT
   const bool direct = a == b && (a == DType::F32 || native_bf16());
   if (direct && c == DType::F32) return 0;
   if (!direct && small_gemm(m, n, k)) {
-    const int64_t whole = (a == DType::BF16 ? m * k : 0) + (b == DType::BF16 ? k * n : 0) + (c == DType::BF16 ? m * n : 0);
+    const int64_t whole =
+        (a == DType::BF16 ? m * k : 0) + (b == DType::BF16 ? k * n : 0) + (c == DType::BF16 ? m * n : 0);
     return whole * static_cast<int64_t>(sizeof(float));
   }
   // Transposes change which blocks are copied; the larger of the two layouts bounds both.
@@ -435,7 +438,8 @@ void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, const Te
 }
 
 int64_t gemm_scratch_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
-  const int64_t elems = (a == DType::BF16 ? m * k : 0) + (b == DType::BF16 ? k * n : 0) + (c == DType::BF16 ? m * n : 0);
+  const int64_t elems =
+      (a == DType::BF16 ? m * k : 0) + (b == DType::BF16 ? k * n : 0) + (c == DType::BF16 ? m * n : 0);
   return elems * static_cast<int64_t>(sizeof(float));
 }
 

@@ -1,7 +1,7 @@
 // core/cli.h: the one command-line parser and run_main of every program.
 #include <cstdint>
-#include <optional>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
